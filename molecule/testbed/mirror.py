@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""An artifact mirror for tests, in the upstream release layout, served on loopback.
+
+Upstream release downloads are unreachable from the build machines, so tests build
+release-shaped archives from the binaries Debian packages, compute their sha256, and
+serve them the way an air-gapped site's mirror would (GitHub's paths under one root).
+
+    mirror.py release --root DIR --package prometheus-node-exporter \
+        --binary usr/bin/prometheus-node-exporter --project prometheus/node_exporter \
+        --name node_exporter [--tamper]       prints {"version", "arch", "sha256", "url_path"}
+    mirror.py serve --root DIR --port N --pidfile F    start a loopback HTTP server
+    mirror.py stop --pidfile F
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+
+def debian_binary(package: str, member: str) -> tuple[bytes, str]:
+    """The file member of package's .deb and the upstream version of the package."""
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(
+            ["apt-get", "download", package], cwd=tmp, check=True, capture_output=True, timeout=300
+        )
+        deb = next(Path(tmp).glob("*.deb"))
+        subprocess.run(["dpkg-deb", "-x", str(deb), f"{tmp}/root"], check=True, timeout=120)
+        version = subprocess.run(
+            ["dpkg-deb", "-f", str(deb), "Version"], check=True, capture_output=True, text=True
+        ).stdout.strip()
+        upstream = re.sub(r"^\d+:", "", version).split("+")[0].split("-")[0]
+        return (Path(tmp) / "root" / member).read_bytes(), upstream
+
+
+def release_archive(name: str, version: str, arch: str, binary: bytes) -> bytes:
+    """A .tar.gz laid out like a Prometheus project release."""
+    top = f"{name}-{version}.linux-{arch}"
+    buffer = io.BytesIO()
+    # mtime=0 in the gzip header too: the same binary always makes the same archive.
+    with (
+        gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w") as tar,
+    ):
+        for path, data, mode in (
+            (f"{top}/{name}", binary, 0o755),
+            (f"{top}/LICENSE", b"Apache License 2.0\n", 0o644),
+        ):
+            info = tarfile.TarInfo(path)
+            info.size, info.mode, info.mtime = len(data), mode, 0
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def release(args: argparse.Namespace) -> None:
+    binary, version = debian_binary(args.package, args.binary)
+    if args.tamper:
+        binary += b"\0tampered"
+    arch = "amd64"
+    url_path = (
+        f"{args.project}/releases/download/v{version}/{args.name}-{version}.linux-{arch}.tar.gz"
+    )
+    archive = release_archive(args.name, version, arch, binary)
+    target = Path(args.root) / url_path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(archive)
+    print(
+        json.dumps(
+            {
+                "version": version,
+                "arch": arch,
+                "url_path": url_path,
+                "sha256": hashlib.sha256(archive).hexdigest(),
+            }
+        )
+    )
+
+
+def serve(args: argparse.Namespace) -> None:
+    stop(args)
+    log = open(Path(args.pidfile).with_suffix(".log"), "ab")  # noqa: SIM115 - outlives us
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "http.server",
+            str(args.port),
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            args.root,
+        ],
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
+    Path(args.pidfile).write_text(str(server.pid))
+    for _ in range(50):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{args.port}/", timeout=1)
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit(f"mirror: server on 127.0.0.1:{args.port} did not start")
+
+
+def stop(args: argparse.Namespace) -> None:
+    pidfile = Path(args.pidfile)
+    if pidfile.exists():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pidfile.read_text()), signal.SIGTERM)
+        pidfile.unlink()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("release")
+    p.add_argument("--root", required=True)
+    p.add_argument("--package", required=True)
+    p.add_argument("--binary", required=True)
+    p.add_argument("--project", required=True)
+    p.add_argument("--name", required=True)
+    p.add_argument("--tamper", action="store_true")
+    p = sub.add_parser("serve")
+    p.add_argument("--root", required=True)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--pidfile", required=True)
+    p = sub.add_parser("stop")
+    p.add_argument("--pidfile", required=True)
+    args = parser.parse_args()
+    {"release": release, "serve": serve, "stop": stop}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()

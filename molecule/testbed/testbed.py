@@ -1,0 +1,414 @@
+#!/usr/bin/env python3
+"""gpufleet test bed: real systemd hosts as podman containers, built from Debian.
+
+No container registry is reachable from the build machines, so the base image is
+made with debootstrap and imported into podman. Hosts are systemd containers on a
+podman network with static addresses, reachable from the controller over SSH.
+
+    testbed.py setup                       install podman, runc, debootstrap (apt)
+    testbed.py image                       build the base image once (cached by recipe)
+    testbed.py up --network NET NAME=ADDR  create hosts (idempotent), print JSON
+    testbed.py restart NAME                reboot a host (systemd stop/start)
+    testbed.py down --network NET NAME     remove hosts and, when empty, the network
+
+Standard library only: it runs before any virtual environment exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+STATE_DIR = Path(os.environ.get("GPUFLEET_TESTBED_DIR", REPO / ".cache" / "testbed"))
+SUITE = "bookworm"
+IMAGE_REPO = "localhost/gpufleet-testbed"
+HOST_TOOLS = ["podman", "runc", "debootstrap", "uidmap", "openssh-client"]
+# Installed in the image: what every managed host has before Ansible touches it.
+BASE_PACKAGES = [
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "python3",
+    "python3-apt",
+    "iproute2",
+    "procps",
+    "curl",
+    "ca-certificates",
+    "sudo",
+    "gnupg",
+    "openssh-server",
+    "less",
+]
+# Downloaded into the image's apt cache, not installed: the roles install them for
+# real, but every host fetching the same .debs would be slow.
+PRECACHED_PACKAGES = [
+    "prometheus-node-exporter",
+    "prometheus",
+    "prometheus-alertmanager",
+    "slurmctld",
+    "slurmd",
+    "slurm-client",
+    "munge",
+    "victoria-metrics",
+]
+CONTAINERS_CONF = """\
+# Written by gpufleet's test bed: crun fails on these hosts (hybrid cgroups) and the
+# default ulimits exceed what an unprivileged sandbox may set.
+[containers]
+default_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]
+[engine]
+runtime = "runc"
+"""
+SSHD_KEYGEN_DROPIN = """\
+[Service]
+# Host keys are made on first boot, so no two test hosts share them.
+ExecStartPre=
+ExecStartPre=/usr/bin/ssh-keygen -A
+ExecStartPre=/usr/sbin/sshd -t
+"""
+
+
+def log(message: str) -> None:
+    print(f"testbed: {message}", file=sys.stderr, flush=True)
+
+
+def run(
+    cmd: list[str],
+    *,
+    check: bool = True,
+    capture: bool = False,
+    timeout: float | None = 900,
+    **kwargs,
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        cmd,
+        check=check,
+        text=True,
+        timeout=timeout,
+        stdout=subprocess.PIPE if capture else None,
+        stderr=subprocess.PIPE if capture else None,
+        **kwargs,
+    )
+
+
+def ssh_key() -> Path:
+    key = STATE_DIR / "id_ed25519"
+    if not key.exists():
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "gpufleet-testbed",
+                "-f",
+                str(key),
+            ]
+        )
+    return key
+
+
+def setup() -> None:
+    missing = [
+        tool
+        for tool in ("podman", "runc", "debootstrap", "ssh-keygen", "newuidmap")
+        if shutil.which(tool) is None
+    ]
+    if missing:
+        log(f"installing {' '.join(HOST_TOOLS)} (missing: {' '.join(missing)})")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        run(["apt-get", "update", "-qq"], env=env)
+        run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *HOST_TOOLS], env=env)
+    conf = Path("/etc/containers/containers.conf")
+    if not conf.exists() or "gpufleet" not in conf.read_text():
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        conf.write_text(CONTAINERS_CONF)
+    ssh_key()
+
+
+def recipe_digest() -> str:
+    recipe = json.dumps(
+        {
+            "suite": SUITE,
+            "base": BASE_PACKAGES,
+            "cached": PRECACHED_PACKAGES,
+            "dropin": SSHD_KEYGEN_DROPIN,
+            "pubkey": ssh_key().with_suffix(".pub").read_text(),
+            "version": 3,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(recipe.encode()).hexdigest()[:12]
+
+
+def image_tag() -> str:
+    return f"{IMAGE_REPO}:{recipe_digest()}"
+
+
+def image_exists(tag: str) -> bool:
+    return run(["podman", "image", "exists", tag], check=False).returncode == 0
+
+
+def prepare_rootfs(rootfs: Path) -> None:
+    pubkey = ssh_key().with_suffix(".pub").read_text()
+    ssh_dir = rootfs / "root" / ".ssh"
+    ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (ssh_dir / "authorized_keys").write_text(pubkey)
+    (ssh_dir / "authorized_keys").chmod(0o600)
+    for host_key in (rootfs / "etc" / "ssh").glob("ssh_host_*"):
+        host_key.unlink()
+    dropin = rootfs / "etc" / "systemd" / "system" / "ssh.service.d"
+    dropin.mkdir(parents=True, exist_ok=True)
+    (dropin / "gpufleet-keygen.conf").write_text(SSHD_KEYGEN_DROPIN)
+    # systemd makes a fresh machine-id per container when the file is empty.
+    (rootfs / "etc" / "machine-id").write_text("")
+    (rootfs / "etc" / "apt" / "apt.conf.d" / "00gpufleet-keep-debs").write_text(
+        'APT::Keep-Downloaded-Packages "true";\n'
+        'Binary::apt::APT::Keep-Downloaded-Packages "true";\n'
+    )
+    shutil.copy("/etc/resolv.conf", rootfs / "etc" / "resolv.conf")
+    run(["chroot", str(rootfs), "apt-get", "update", "-qq"])
+    run(
+        [
+            "chroot",
+            str(rootfs),
+            "apt-get",
+            "install",
+            "-y",
+            "-qq",
+            "--download-only",
+            *PRECACHED_PACKAGES,
+        ]
+    )
+    # Lists stay, so roles can install from the cache without a slow update.
+
+
+def build_image() -> str:
+    tag = image_tag()
+    if image_exists(tag):
+        return tag
+    log(f"building {tag} with debootstrap (about a minute)")
+    with tempfile.TemporaryDirectory(prefix="gpufleet-rootfs-", dir="/var/tmp") as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        run(
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(BASE_PACKAGES)}",
+                SUITE,
+                str(rootfs),
+            ],
+            capture=True,
+        )
+        prepare_rootfs(rootfs)
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+        run(
+            ["podman", "import", "--change", 'CMD ["/sbin/init"]', "-", tag],
+            stdin=tar.stdout,
+            capture=True,
+        )
+        if tar.wait() != 0:
+            raise SystemExit("testbed: tar of the root file system failed")
+    return tag
+
+
+def ensure_network(name: str, addresses: list[str]) -> None:
+    if run(["podman", "network", "exists", name], check=False).returncode == 0:
+        return
+    subnet = ipaddress.ip_network(f"{addresses[0]}/24", strict=False)
+    if any(ipaddress.ip_address(a) not in subnet for a in addresses):
+        raise SystemExit(f"testbed: all addresses of network {name} must be in {subnet}")
+    run(["podman", "network", "create", "--subnet", str(subnet), name], capture=True)
+
+
+def container_running(name: str) -> bool:
+    result = run(
+        ["podman", "inspect", "--format", "{{.State.Running}}", name], check=False, capture=True
+    )
+    return result.returncode == 0 and result.stdout.strip() == "true"
+
+
+def start_host(name: str, address: str, network: str, tag: str) -> None:
+    if container_running(name):
+        return
+    run(["podman", "rm", "-f", name], check=False, capture=True)
+    run(
+        [
+            "podman",
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--hostname",
+            name,
+            "--network",
+            network,
+            "--ip",
+            address,
+            "--systemd=always",
+            "--stop-signal",
+            "SIGRTMIN+3",
+            # Services under test use systemd sandboxing, which needs mount namespaces.
+            "--cap-add",
+            "SYS_ADMIN",
+            "--security-opt",
+            "seccomp=unconfined",
+            "--label",
+            "gpufleet.testbed=1",
+            tag,
+            "/sbin/init",
+        ],
+        capture=True,
+    )
+
+
+def wait_ready(name: str, address: str, deadline_s: float = 90) -> None:
+    key = ssh_key()
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        state = run(
+            ["podman", "exec", name, "systemctl", "is-system-running"], check=False, capture=True
+        ).stdout.strip()
+        if state in ("running", "degraded"):
+            probe = run(
+                [
+                    "ssh",
+                    "-i",
+                    str(key),
+                    "-o",
+                    "BatchMode=yes",
+                    "-o",
+                    "StrictHostKeyChecking=no",
+                    "-o",
+                    "UserKnownHostsFile=/dev/null",
+                    "-o",
+                    "ConnectTimeout=3",
+                    "-o",
+                    "LogLevel=ERROR",
+                    f"root@{address}",
+                    "true",
+                ],
+                check=False,
+                capture=True,
+                timeout=15,
+            )
+            if probe.returncode == 0:
+                return
+        time.sleep(1)
+    raise SystemExit(f"testbed: {name} ({address}) did not come up within {deadline_s:.0f}s")
+
+
+def parse_hosts(specs: list[str]) -> list[tuple[str, str]]:
+    hosts = []
+    for spec in specs:
+        name, sep, address = spec.partition("=")
+        if not sep:
+            raise SystemExit(f"testbed: expected NAME=ADDRESS, got {spec!r}")
+        ipaddress.ip_address(address)
+        hosts.append((name, address))
+    return hosts
+
+
+def up(network: str, specs: list[str]) -> None:
+    hosts = parse_hosts(specs)
+    setup()
+    tag = build_image()
+    ensure_network(network, [address for _, address in hosts])
+    for name, address in hosts:
+        start_host(name, address, network, tag)
+    for name, address in hosts:
+        wait_ready(name, address)
+    print(
+        json.dumps(
+            [
+                {
+                    "instance": name,
+                    "address": address,
+                    "user": "root",
+                    "port": 22,
+                    "identity_file": str(ssh_key()),
+                }
+                for name, address in hosts
+            ]
+        )
+    )
+
+
+def restart(name: str, address: str) -> None:
+    run(["podman", "restart", "--time", "20", name], capture=True)
+    wait_ready(name, address)
+
+
+def probe(network: str, command: list[str]) -> None:
+    """Run command on a throwaway host of the network: traffic from a peer, not the bridge."""
+    result = run(
+        ["podman", "run", "--rm", "--network", network, "--systemd=false", image_tag(), *command],
+        check=False,
+        timeout=120,
+    )
+    raise SystemExit(result.returncode)
+
+
+def down(network: str, names: list[str]) -> None:
+    for name in names:
+        run(["podman", "rm", "-f", "--time", "5", name], check=False, capture=True)
+    left = run(
+        ["podman", "ps", "-a", "-q", "--filter", f"network={network}"], check=False, capture=True
+    ).stdout.split()
+    if not left:
+        run(["podman", "network", "rm", "-f", network], check=False, capture=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("setup")
+    sub.add_parser("image")
+    sub.add_parser("key")
+    p_up = sub.add_parser("up")
+    p_up.add_argument("--network", required=True)
+    p_up.add_argument("hosts", nargs="+", metavar="NAME=ADDRESS")
+    p_restart = sub.add_parser("restart")
+    p_restart.add_argument("host", metavar="NAME=ADDRESS")
+    p_probe = sub.add_parser("probe")
+    p_probe.add_argument("--network", required=True)
+    p_probe.add_argument("probe_command", nargs=argparse.REMAINDER)
+    p_down = sub.add_parser("down")
+    p_down.add_argument("--network", required=True)
+    p_down.add_argument("names", nargs="+")
+    args = parser.parse_args(argv)
+    if args.command == "setup":
+        setup()
+    elif args.command == "image":
+        setup()
+        print(build_image())
+    elif args.command == "key":
+        print(ssh_key())
+    elif args.command == "up":
+        up(args.network, args.hosts)
+    elif args.command == "restart":
+        ((name, address),) = parse_hosts([args.host])
+        restart(name, address)
+    elif args.command == "probe":
+        command = args.probe_command
+        probe(args.network, command[1:] if command[:1] == ["--"] else command)
+    elif args.command == "down":
+        down(args.network, args.names)
+
+
+if __name__ == "__main__":
+    main()
