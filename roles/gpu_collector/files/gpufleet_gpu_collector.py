@@ -1,0 +1,1432 @@
+#!/usr/bin/env python3
+"""gpufleet GPU textfile collector for node_exporter.
+
+One stdlib-only file (runs on Python 3.9+). Each cycle it runs exactly one
+``nvidia-smi --query-gpu=<fields> --format=csv,nounits`` and one
+``nvidia-smi --query-compute-apps=...`` (or ``amd-smi``/``rocm-smi`` JSON on AMD
+nodes), reads new NVIDIA XID lines from the kernel log, maps compute processes to
+Slurm jobs through their cgroup, and writes ``node_gpu_*`` series atomically into
+node_exporter's textfile directory.
+
+The only extra ``nvidia-smi`` call ever made: when the driver answers
+``Field "x" is not a valid field to query.`` (older drivers), the query is retried
+ONCE in the same cycle without that field (or with its old alias), and the removal
+is remembered (in memory and in the state directory) so later cycles make one call.
+
+On failure the output file holds only the collector health series (plus the
+inventory's expected GPU count and the XID counters, which come from the kernel log,
+not from nvidia-smi), so GPU series disappear instead of looking current.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import errno
+import json
+import math
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+PREFIX = "node_gpu_"
+DEFAULT_OUTPUT = "gpufleet_gpu.prom"
+DEFAULT_STATE_DIR = "/var/lib/gpufleet-gpu-collector"
+MIB = 1048576.0
+
+# --------------------------------------------------------------------------- model
+
+
+class Sample(NamedTuple):
+    name: str  # without PREFIX
+    labels: tuple[tuple[str, str], ...]
+    value: float
+
+
+class GpuData(NamedTuple):
+    """One GPU as parsed from a vendor tool: identity plus label-less values."""
+
+    gpu: str
+    uuid: str
+    vendor: str
+    info: dict[str, str]
+    # (metric name, extra labels, value); base labels are added by to_samples()
+    values: list[tuple[str, tuple[tuple[str, str], ...], float]]
+
+
+class CommandResult(NamedTuple):
+    rc: int | None  # None: killed at the timeout
+    stdout: str
+    stderr: str
+
+
+class CollectorError(Exception):
+    """A cycle failure; ``reason`` is one of a small fixed set (label value)."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+ERROR_REASONS = (
+    "not_found",
+    "exec_error",
+    "timeout",
+    "exit_code",
+    "invalid_field",
+    "parse_error",
+    "no_vendor_tool",
+)
+
+# name -> (type, help). Every emitted family must be listed here.
+FAMILIES: dict[str, tuple[str, str]] = {
+    "info": ("gauge", "GPU identity (model, uuid, PCI bus id, driver, VBIOS); value is always 1."),
+    "devices": ("gauge", "Number of GPUs the vendor tool reported in this cycle."),
+    "expected_devices": ("gauge", "Number of GPUs this node must have, from the inventory."),
+    "memory_total_bytes": ("gauge", "Total framebuffer memory in bytes."),
+    "memory_used_bytes": ("gauge", "Used framebuffer memory in bytes."),
+    "memory_free_bytes": ("gauge", "Free framebuffer memory in bytes."),
+    "memory_reserved_bytes": ("gauge", "Framebuffer memory reserved by the driver in bytes."),
+    "utilization_percent": ("gauge", "GPU utilization (percent of time a kernel ran), 0-100."),
+    "memory_utilization_ratio": ("gauge", "Memory controller busy ratio, 0-1."),
+    "encoder_utilization_ratio": ("gauge", "Video encoder utilization ratio, 0-1."),
+    "decoder_utilization_ratio": ("gauge", "Video decoder utilization ratio, 0-1."),
+    "temperature_celsius": ("gauge", "GPU core (AMD: edge, else hotspot) temperature in celsius."),
+    "memory_temperature_celsius": ("gauge", "GPU memory (HBM) temperature in celsius."),
+    "hotspot_temperature_celsius": ("gauge", "GPU junction/hotspot temperature in celsius."),
+    "temperature_tlimit_margin_celsius": (
+        "gauge",
+        "Degrees below the GPU's T.Limit (max operating) temperature; lower is hotter.",
+    ),
+    "temperature_slowdown_threshold_celsius": (
+        "gauge",
+        "Temperature at which the GPU slows down, per sensor, in celsius.",
+    ),
+    "temperature_shutdown_threshold_celsius": (
+        "gauge",
+        "Temperature at which the GPU shuts down, per sensor, in celsius.",
+    ),
+    "power_draw_watts": ("gauge", "Current power draw in watts."),
+    "power_limit_watts": ("gauge", "Software power limit in watts."),
+    "power_enforced_limit_watts": ("gauge", "Power limit actually enforced in watts."),
+    "power_default_limit_watts": ("gauge", "Default power limit in watts."),
+    "power_max_limit_watts": ("gauge", "Maximum settable power limit in watts."),
+    "sm_clock_hertz": ("gauge", "Current SM (AMD: sclk) clock in hertz."),
+    "sm_clock_max_hertz": ("gauge", "Maximum SM clock in hertz."),
+    "graphics_clock_hertz": ("gauge", "Current graphics clock in hertz."),
+    "memory_clock_hertz": ("gauge", "Current memory clock in hertz."),
+    "memory_clock_max_hertz": ("gauge", "Maximum memory clock in hertz."),
+    "pcie_link_generation": ("gauge", "Current PCIe link generation."),
+    "pcie_link_generation_max": ("gauge", "Maximum PCIe link generation of GPU and system."),
+    "pcie_link_width_lanes": ("gauge", "Current PCIe link width in lanes."),
+    "pcie_link_width_max_lanes": ("gauge", "Maximum PCIe link width in lanes."),
+    "fan_speed_ratio": ("gauge", "Intended fan speed as a ratio of maximum, 0-1 (may exceed 1)."),
+    "performance_state": ("gauge", "Performance state number (P0=0 fastest .. P12=12)."),
+    "clock_event_reason_active": (
+        "gauge",
+        "1 if this clock event (throttle) reason is active, else 0 (from the bitmask).",
+    ),
+    "clock_event_reason_seconds_total": (
+        "counter",
+        "Time this clock event (throttle) reason has been active, in seconds.",
+    ),
+    "ecc_mode_enabled": ("gauge", "1 if ECC is enabled."),
+    "ecc_mode_pending_enabled": ("gauge", "1 if ECC will be enabled after the next reset."),
+    "ecc_corrected_errors_total": (
+        "counter",
+        "Corrected ECC errors (scope volatile: since driver load; aggregate: lifetime).",
+    ),
+    "ecc_uncorrected_errors_total": (
+        "counter",
+        "Uncorrected ECC errors (scope volatile: since driver load; aggregate: lifetime).",
+    ),
+    "retired_pages": ("gauge", "Retired framebuffer pages by cause (pre-Ampere)."),
+    "retired_pages_pending": ("gauge", "1 if pages are pending retirement at the next reboot."),
+    "remapped_rows": ("gauge", "Remapped memory rows by cause (Ampere and later)."),
+    "remapped_rows_pending": ("gauge", "1 if a row remap is pending (reset the GPU)."),
+    "remapped_rows_failure": ("gauge", "1 if a row remap has failed (replace the GPU)."),
+    "recovery_action": (
+        "gauge",
+        "Recovery action the driver asks for: 0 none, 1 GPU reset, 2 node reboot, "
+        "3 drain P2P, 4 drain and reset.",
+    ),
+    "mig_mode_enabled": ("gauge", "1 if MIG mode is enabled."),
+    "mig_mode_pending_enabled": ("gauge", "1 if MIG mode will be enabled after the next reset."),
+    "persistence_mode_enabled": ("gauge", "1 if persistence mode is enabled."),
+    "compute_processes": ("gauge", "Number of compute processes on the GPU."),
+    "compute_processes_used_memory_bytes": (
+        "gauge",
+        "GPU memory used by compute processes in bytes.",
+    ),
+    "slurm_job_info": ("gauge", "A Slurm job has a compute process on this GPU; value is 1."),
+    "xid_errors_total": (
+        "counter",
+        "NVIDIA XID errors read from the kernel log, by GPU and XID code.",
+    ),
+    "collector_success": ("gauge", "1 if the last collection succeeded, else 0."),
+    "collector_error_info": ("gauge", "Reason of the last collection failure; value is 1."),
+    "collector_last_success_timestamp_seconds": (
+        "gauge",
+        "Unix time of the last successful collection.",
+    ),
+    "collector_duration_seconds": ("gauge", "Wall time of the last collection in seconds."),
+    "collector_compute_apps_success": ("gauge", "1 if the compute-process query succeeded."),
+    "collector_xid_success": ("gauge", "1 if the kernel log could be read for XID errors."),
+}
+
+# ------------------------------------------------------------------ value parsing
+
+# Tokens nvidia-smi/amd-smi print instead of a value; any "[...]" token counts too.
+ABSENT_TOKENS = frozenset({"", "n/a", "na", "not supported", "unknown error", "none reported"})
+BOOL_TRUE = frozenset({"enabled", "yes", "active", "on", "true"})
+BOOL_FALSE = frozenset({"disabled", "no", "not active", "off", "false"})
+NUMBER_RE = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z%/°]*)")
+RECOVERY_ACTIONS = {
+    "none": 0.0,
+    "gpu reset": 1.0,
+    "reset": 1.0,
+    "node reboot": 2.0,
+    "reboot": 2.0,
+    "drain p2p": 3.0,
+    "drain and reset": 4.0,
+}
+
+
+def is_absent(raw: str | None) -> bool:
+    if raw is None:
+        return True
+    text = raw.strip()
+    if text.startswith("[") and text.endswith("]"):
+        return True
+    return text.lower() in ABSENT_TOKENS
+
+
+def parse_number(raw: str | None) -> float | None:
+    """'69.85 W' / '69.85' / '0x1F' / '81559 MiB' -> float; sentinels -> None."""
+    if raw is None or is_absent(raw):
+        return None
+    text = raw.strip().strip("()")
+    if text[:2].lower() == "0x":
+        try:
+            return float(int(text, 16))
+        except ValueError:
+            return None
+    match = NUMBER_RE.fullmatch(text)
+    if not match:
+        return None
+    value = float(match.group(1))
+    return value if math.isfinite(value) else None
+
+
+def parse_bool(raw: str | None) -> float | None:
+    if raw is None or is_absent(raw):
+        return None
+    text = raw.strip().lower()
+    if text in BOOL_TRUE:
+        return 1.0
+    if text in BOOL_FALSE:
+        return 0.0
+    return None
+
+
+def parse_pstate(raw: str | None) -> float | None:
+    match = re.fullmatch(r"\s*P(\d{1,2})\s*", raw or "")
+    return float(match.group(1)) if match else None
+
+
+def parse_recovery_action(raw: str | None) -> float | None:
+    if raw is None or is_absent(raw):
+        return None
+    return RECOVERY_ACTIONS.get(raw.strip().lower())
+
+
+def clean_label(raw: str | None) -> str:
+    """Info labels: sentinel text becomes empty (= label absent in Prometheus)."""
+    return "" if raw is None or is_absent(raw) else raw.strip()
+
+
+# ------------------------------------------------------------------ NVIDIA fields
+
+
+class FieldSpec(NamedTuple):
+    fields: tuple[str, ...]  # candidates, first present value wins
+    metric: str
+    parse: Callable[[str | None], float | None]
+    scale: float = 1.0
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+def _n(*fields: str) -> tuple[str, ...]:
+    return fields
+
+
+FIELD_SPECS: tuple[FieldSpec, ...] = (
+    FieldSpec(_n("memory.total"), "memory_total_bytes", parse_number, MIB),
+    FieldSpec(_n("memory.used"), "memory_used_bytes", parse_number, MIB),
+    FieldSpec(_n("memory.free"), "memory_free_bytes", parse_number, MIB),
+    FieldSpec(_n("memory.reserved"), "memory_reserved_bytes", parse_number, MIB),
+    FieldSpec(_n("utilization.gpu"), "utilization_percent", parse_number),
+    FieldSpec(_n("utilization.memory"), "memory_utilization_ratio", parse_number, 0.01),
+    FieldSpec(_n("utilization.encoder"), "encoder_utilization_ratio", parse_number, 0.01),
+    FieldSpec(_n("utilization.decoder"), "decoder_utilization_ratio", parse_number, 0.01),
+    FieldSpec(_n("temperature.gpu"), "temperature_celsius", parse_number),
+    FieldSpec(_n("temperature.memory"), "memory_temperature_celsius", parse_number),
+    FieldSpec(_n("temperature.gpu.tlimit"), "temperature_tlimit_margin_celsius", parse_number),
+    FieldSpec(_n("power.draw"), "power_draw_watts", parse_number),
+    FieldSpec(_n("power.limit"), "power_limit_watts", parse_number),
+    FieldSpec(_n("enforced.power.limit"), "power_enforced_limit_watts", parse_number),
+    FieldSpec(_n("power.default_limit"), "power_default_limit_watts", parse_number),
+    FieldSpec(_n("power.max_limit"), "power_max_limit_watts", parse_number),
+    FieldSpec(_n("clocks.current.sm"), "sm_clock_hertz", parse_number, 1e6),
+    FieldSpec(_n("clocks.max.sm"), "sm_clock_max_hertz", parse_number, 1e6),
+    FieldSpec(_n("clocks.current.graphics"), "graphics_clock_hertz", parse_number, 1e6),
+    FieldSpec(_n("clocks.current.memory"), "memory_clock_hertz", parse_number, 1e6),
+    FieldSpec(_n("clocks.max.memory"), "memory_clock_max_hertz", parse_number, 1e6),
+    # gpucurrent replaces the deprecated .current; old drivers only know .current
+    FieldSpec(
+        _n("pcie.link.gen.gpucurrent", "pcie.link.gen.current"),
+        "pcie_link_generation",
+        parse_number,
+    ),
+    FieldSpec(_n("pcie.link.gen.max"), "pcie_link_generation_max", parse_number),
+    FieldSpec(_n("pcie.link.width.current"), "pcie_link_width_lanes", parse_number),
+    FieldSpec(_n("pcie.link.width.max"), "pcie_link_width_max_lanes", parse_number),
+    FieldSpec(_n("fan.speed"), "fan_speed_ratio", parse_number, 0.01),
+    FieldSpec(_n("pstate"), "performance_state", parse_pstate),
+    FieldSpec(_n("ecc.mode.current"), "ecc_mode_enabled", parse_bool),
+    FieldSpec(_n("ecc.mode.pending"), "ecc_mode_pending_enabled", parse_bool),
+    FieldSpec(
+        _n("ecc.errors.corrected.volatile.total"),
+        "ecc_corrected_errors_total",
+        parse_number,
+        labels=(("scope", "volatile"),),
+    ),
+    FieldSpec(
+        _n("ecc.errors.corrected.aggregate.total"),
+        "ecc_corrected_errors_total",
+        parse_number,
+        labels=(("scope", "aggregate"),),
+    ),
+    FieldSpec(
+        _n("ecc.errors.uncorrected.volatile.total"),
+        "ecc_uncorrected_errors_total",
+        parse_number,
+        labels=(("scope", "volatile"),),
+    ),
+    FieldSpec(
+        _n("ecc.errors.uncorrected.aggregate.total"),
+        "ecc_uncorrected_errors_total",
+        parse_number,
+        labels=(("scope", "aggregate"),),
+    ),
+    FieldSpec(
+        _n("retired_pages.single_bit_ecc.count"),
+        "retired_pages",
+        parse_number,
+        labels=(("cause", "single_bit_ecc"),),
+    ),
+    FieldSpec(
+        _n("retired_pages.double_bit.count"),
+        "retired_pages",
+        parse_number,
+        labels=(("cause", "double_bit_ecc"),),
+    ),
+    FieldSpec(_n("retired_pages.pending"), "retired_pages_pending", parse_bool),
+    FieldSpec(
+        _n("remapped_rows.correctable"),
+        "remapped_rows",
+        parse_number,
+        labels=(("cause", "correctable"),),
+    ),
+    FieldSpec(
+        _n("remapped_rows.uncorrectable"),
+        "remapped_rows",
+        parse_number,
+        labels=(("cause", "uncorrectable"),),
+    ),
+    FieldSpec(_n("remapped_rows.pending"), "remapped_rows_pending", parse_bool),
+    FieldSpec(_n("remapped_rows.failure"), "remapped_rows_failure", parse_bool),
+    FieldSpec(_n("gpu_recovery_action"), "recovery_action", parse_recovery_action),
+    FieldSpec(_n("mig.mode.current"), "mig_mode_enabled", parse_bool),
+    FieldSpec(_n("mig.mode.pending"), "mig_mode_pending_enabled", parse_bool),
+    FieldSpec(_n("persistence_mode"), "persistence_mode_enabled", parse_bool),
+)
+
+# NVML clock event (throttle) reason bits, nvmlClocksEventReason*.
+CLOCK_EVENT_BITS: tuple[tuple[str, int], ...] = (
+    ("gpu_idle", 0x1),
+    ("applications_clocks_setting", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal_slowdown", 0x20),
+    ("hw_thermal_slowdown", 0x40),
+    ("hw_power_brake_slowdown", 0x80),
+    ("display_clocks_setting", 0x100),
+)
+CLOCK_EVENT_COUNTERS = (
+    "sw_power_cap",
+    "sync_boost",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+)
+IDENTITY_FIELDS = ("index", "uuid", "name", "pci.bus_id", "driver_version", "vbios_version")
+SPECIAL_FIELDS = (
+    "clocks_event_reasons.supported",
+    "clocks_event_reasons.active",
+    *tuple(f"clocks_event_reasons_counters.{r}" for r in CLOCK_EVENT_COUNTERS),
+)
+# Field names drivers before the clocks_event rename (~R535) use instead.
+FIELD_ALIASES = {f: f.replace("clocks_event_", "clocks_throttle_") for f in SPECIAL_FIELDS}
+FIELD_GROUPS = (tuple(f for f in SPECIAL_FIELDS if "_counters." in f),)
+COMPUTE_APPS_FIELDS = ("gpu_uuid", "pid", "used_memory")
+INVALID_FIELD_RE = re.compile(r'Field "([^"]+)" is not a valid field to query')
+
+
+def all_query_fields() -> list[str]:
+    """Every field the collector asks for, in a stable order, without duplicates."""
+    fields: list[str] = list(IDENTITY_FIELDS)
+    for spec in FIELD_SPECS:
+        fields.extend(spec.fields)
+    fields.extend(SPECIAL_FIELDS)
+    return list(dict.fromkeys(fields))
+
+
+def effective_fields(removed: Iterable[str], aliased: Iterable[str]) -> list[str]:
+    gone, alias = set(removed), set(aliased)
+    return [FIELD_ALIASES[f] if f in alias else f for f in all_query_fields() if f not in gone]
+
+
+def canonical_field(header: str) -> str:
+    """'power.draw [W]' -> 'power.draw'; old 'clocks_throttle_reasons.x' -> new name."""
+    name = re.sub(r"\s*\[[^\]]*\]\s*$", "", header.strip())
+    return name.replace("clocks_throttle_", "clocks_event_")
+
+
+def parse_csv(text: str) -> tuple[list[str], list[dict[str, str]]]:
+    """nvidia-smi CSV (header with or without units) -> (fields, rows keyed by field).
+
+    Lines that do not have as many columns as the header (error messages printed
+    between rows, e.g. for a lost GPU) are skipped.
+    """
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise CollectorError("parse_error", "empty output")
+    header = [canonical_field(h) for h in next(csv.reader([lines[0]], skipinitialspace=True))]
+    if len(header) < 1 or not all(re.fullmatch(r"[A-Za-z0-9_.]+", h) for h in header):
+        raise CollectorError("parse_error", "no CSV header")
+    rows = []
+    for values in csv.reader(lines[1:], skipinitialspace=True):
+        if len(values) == len(header):
+            rows.append({h: v.strip() for h, v in zip(header, values)})  # noqa: B905 (3.9)
+    return header, rows
+
+
+def clock_event_values(row: dict[str, str]) -> list[tuple[str, tuple[tuple[str, str], ...], float]]:
+    out: list[tuple[str, tuple[tuple[str, str], ...], float]] = []
+    active = parse_number(row.get("clocks_event_reasons.active"))
+    supported = parse_number(row.get("clocks_event_reasons.supported"))
+    if active is not None:
+        for reason, bit in CLOCK_EVENT_BITS:
+            if supported is None or int(supported) & bit:
+                out.append(
+                    (
+                        "clock_event_reason_active",
+                        (("reason", reason),),
+                        float(bool(int(active) & bit)),
+                    )
+                )
+    for reason in CLOCK_EVENT_COUNTERS:
+        micros = parse_number(row.get(f"clocks_event_reasons_counters.{reason}"))
+        if micros is not None:
+            out.append(("clock_event_reason_seconds_total", (("reason", reason),), micros * 1e-6))
+    return out
+
+
+def field_values(row: dict[str, str]) -> list[tuple[str, tuple[tuple[str, str], ...], float]]:
+    out: list[tuple[str, tuple[tuple[str, str], ...], float]] = []
+    for spec in FIELD_SPECS:
+        for field in spec.fields:
+            value = spec.parse(row.get(field))
+            if value is not None:
+                out.append((spec.metric, spec.labels, value * spec.scale))
+                break
+    return out + clock_event_values(row)
+
+
+def nvidia_row_to_gpu(row: dict[str, str]) -> GpuData | None:
+    index = row.get("index", "").strip()
+    if not index.isdigit():
+        return None
+    info = {
+        "model": clean_label(row.get("name")),
+        "pci_bus_id": clean_label(row.get("pci.bus_id")),
+        "driver_version": clean_label(row.get("driver_version")),
+        "vbios_version": clean_label(row.get("vbios_version")),
+    }
+    return GpuData(index, clean_label(row.get("uuid")), "nvidia", info, field_values(row))
+
+
+def parse_nvidia_gpus(text: str) -> list[GpuData]:
+    header, rows = parse_csv(text)
+    if "index" not in header:
+        raise CollectorError("parse_error", "no index column")
+    gpus = [g for g in (nvidia_row_to_gpu(r) for r in rows) if g is not None]
+    return sorted(gpus, key=lambda g: int(g.gpu))
+
+
+class ComputeApp(NamedTuple):
+    gpu_uuid: str
+    pid: int
+    used_bytes: float | None
+
+
+def parse_compute_apps(text: str) -> list[ComputeApp]:
+    apps = []
+    header, rows = parse_csv(text)
+    if "pid" not in header:
+        raise CollectorError("parse_error", "no pid column")
+    for row in rows:
+        pid = row.get("pid", "")
+        if not pid.isdigit():
+            continue
+        mem = parse_number(row.get("used_memory", row.get("used_gpu_memory")))
+        apps.append(
+            ComputeApp(row.get("gpu_uuid", ""), int(pid), None if mem is None else mem * MIB)
+        )
+    return apps
+
+
+def invalid_fields(output: str) -> list[str]:
+    return INVALID_FIELD_RE.findall(output)
+
+
+# ------------------------------------------------------------------------- AMD
+
+
+def _amd_value(node: Any) -> float | None:
+    """amd-smi: {"value": 12, "unit": "W"} | 12 | "12 W" | "N/A"; rocm-smi: strings."""
+    if isinstance(node, dict):
+        node = node.get("value")
+    if isinstance(node, bool):
+        return None
+    if isinstance(node, (int, float)):
+        return float(node) if math.isfinite(node) else None
+    if isinstance(node, str):
+        return parse_number(node)
+    return None
+
+
+def _get(data: Any, *path: str) -> Any:
+    for key in path:
+        if not isinstance(data, dict) or key not in data:
+            return None
+        data = data[key]
+    return data
+
+
+def _first(data: Any, *paths: tuple[str, ...]) -> float | None:
+    for path in paths:
+        value = _amd_value(_get(data, *path))
+        if value is not None:
+            return value
+    return None
+
+
+def _amd_entries(doc: Any) -> list[dict[str, Any]]:
+    """amd-smi JSON top level is a list of per-GPU objects or {"gpu_data": [...]}."""
+    if isinstance(doc, dict):
+        doc = doc.get("gpu_data", [])
+    return [e for e in doc if isinstance(e, dict)] if isinstance(doc, list) else []
+
+
+# (metric, scale, candidate paths) for amd-smi metric --json
+AMD_SMI_METRICS: tuple[tuple[str, float, tuple[tuple[str, ...], ...]], ...] = (
+    ("utilization_percent", 1.0, (("usage", "gfx_activity"),)),
+    ("memory_utilization_ratio", 0.01, (("usage", "umc_activity"),)),
+    ("power_draw_watts", 1.0, (("power", "socket_power"), ("power", "average_socket_power"))),
+    ("temperature_celsius", 1.0, (("temperature", "edge"), ("temperature", "hotspot"))),
+    ("hotspot_temperature_celsius", 1.0, (("temperature", "hotspot"),)),
+    ("memory_temperature_celsius", 1.0, (("temperature", "mem"),)),
+    # amd-smi labels MiB as "MB" (MI300X total_vram 196592 "MB" = 192 GiB)
+    ("memory_total_bytes", MIB, (("mem_usage", "total_vram"),)),
+    ("memory_used_bytes", MIB, (("mem_usage", "used_vram"),)),
+    ("memory_free_bytes", MIB, (("mem_usage", "free_vram"),)),
+    ("sm_clock_hertz", 1e6, (("clock", "gfx_0", "clk"),)),
+    ("memory_clock_hertz", 1e6, (("clock", "mem_0", "clk"),)),
+    ("pcie_link_width_lanes", 1.0, (("pcie", "width"),)),
+    ("fan_speed_ratio", 0.01, (("fan", "usage"),)),
+)
+AMD_SMI_STATIC: tuple[tuple[str, float, tuple[tuple[str, ...], ...]], ...] = (
+    ("power_limit_watts", 1.0, (("limit", "socket_power"), ("limit", "max_power"))),
+    ("power_max_limit_watts", 1.0, (("limit", "max_power"),)),
+)
+AMD_THRESHOLDS = (("edge", "edge"), ("hotspot", "hotspot"), ("vram", "memory"))
+
+
+def _amd_threshold_values(
+    static: dict[str, Any],
+) -> list[tuple[str, tuple[tuple[str, str], ...], float]]:
+    out = []
+    for kind in ("slowdown", "shutdown"):
+        for key, sensor in AMD_THRESHOLDS:
+            value = _amd_value(_get(static, "limit", f"{kind}_{key}_temperature"))
+            if value is not None:
+                out.append((f"temperature_{kind}_threshold_celsius", (("sensor", sensor),), value))
+    return out
+
+
+def parse_amd_smi(metric_doc: Any, static_doc: Any) -> list[GpuData]:
+    statics = {str(e.get("gpu")): e for e in _amd_entries(static_doc)}
+    gpus = []
+    for entry in _amd_entries(metric_doc):
+        index = str(entry.get("gpu", ""))
+        if not index.isdigit():
+            continue
+        static = statics.get(index, {})
+        values = []
+        for table, source in ((AMD_SMI_METRICS, entry), (AMD_SMI_STATIC, static)):
+            for metric, scale, paths in table:
+                value = _first(source, *paths)
+                if value is not None:
+                    values.append((metric, (), value * scale))
+        values.extend(_amd_threshold_values(static))
+        info = {
+            "model": clean_label(str(_get(static, "asic", "market_name") or "")),
+            "pci_bus_id": clean_label(str(_get(static, "bus", "bdf") or entry.get("bdf") or "")),
+            "driver_version": clean_label(str(_get(static, "driver", "version") or "")),
+            "vbios_version": clean_label(str(_get(static, "vbios", "version") or "")),
+        }
+        uuid = clean_label(str(_get(static, "asic", "asic_serial") or entry.get("uuid") or ""))
+        gpus.append(GpuData(index, uuid, "amd", info, values))
+    return sorted(gpus, key=lambda g: int(g.gpu))
+
+
+ROCM_SMI_KEYS: tuple[tuple[str, float, tuple[str, ...]], ...] = (
+    ("utilization_percent", 1.0, ("GPU use (%)",)),
+    ("memory_utilization_ratio", 0.01, ("GPU memory use (%)",)),
+    (
+        "temperature_celsius",
+        1.0,
+        ("Temperature (Sensor edge) (C)", "Temperature (Sensor junction) (C)"),
+    ),
+    ("hotspot_temperature_celsius", 1.0, ("Temperature (Sensor junction) (C)",)),
+    ("memory_temperature_celsius", 1.0, ("Temperature (Sensor memory) (C)",)),
+    (
+        "power_draw_watts",
+        1.0,
+        ("Average Graphics Package Power (W)", "Current Socket Graphics Package Power (W)"),
+    ),
+    ("power_limit_watts", 1.0, ("Max Graphics Package Power (W)",)),
+    ("memory_total_bytes", 1.0, ("VRAM Total Memory (B)",)),
+    ("memory_used_bytes", 1.0, ("VRAM Total Used Memory (B)",)),
+    ("fan_speed_ratio", 0.01, ("Fan speed (%)",)),
+)
+
+
+def _rocm_clock(raw: Any) -> float | None:
+    match = re.search(r"(\d+(?:\.\d+)?)\s*mhz", str(raw or ""), re.IGNORECASE)
+    return float(match.group(1)) * 1e6 if match else None
+
+
+def parse_rocm_smi(doc: Any) -> list[GpuData]:
+    """``rocm-smi ... --json``: {"card0": {"GPU use (%)": "0", ...}, "system": {...}}."""
+    if not isinstance(doc, dict):
+        raise CollectorError("parse_error", "rocm-smi JSON is not an object")
+    driver = clean_label(str(_get(doc, "system", "Driver version") or ""))
+    gpus = []
+    for key, card in doc.items():
+        match = re.fullmatch(r"card(\d+)", key)
+        if not match or not isinstance(card, dict):
+            continue
+        values = []
+        for metric, scale, names in ROCM_SMI_KEYS:
+            value = next(
+                (v for v in (_amd_value(card.get(n)) for n in names) if v is not None), None
+            )
+            if value is not None:
+                values.append((metric, (), value * scale))
+        for metric, key_name in (
+            ("sm_clock_hertz", "sclk clock speed:"),
+            ("memory_clock_hertz", "mclk clock speed:"),
+        ):
+            hertz = _rocm_clock(card.get(key_name))
+            if hertz is not None:
+                values.append((metric, (), hertz))
+        info = {
+            "model": clean_label(card.get("Card series") or card.get("Card model")),
+            "pci_bus_id": clean_label(card.get("PCI Bus")),
+            "driver_version": driver,
+            "vbios_version": clean_label(card.get("VBIOS version")),
+        }
+        gpus.append(
+            GpuData(match.group(1), clean_label(card.get("Unique ID")), "amd", info, values)
+        )
+    return sorted(gpus, key=lambda g: int(g.gpu))
+
+
+# ------------------------------------------------------------------------- XID
+
+XID_RE = re.compile(
+    r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?\): (\d+),"
+)
+FALLEN_SINGLE_RE = re.compile(
+    r"NVRM: GPU ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?: GPU has fallen off"
+)
+FALLEN_HEAD_RE = re.compile(
+    r"NVRM: The NVIDIA GPU ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?"
+)
+FALLEN_TAIL = "fallen off the bus and is not responding"
+# gpu-metrics.md 5.2 "critical / drain GPU or node" tier. 63, 92, 94 are the
+# "warning" tier there (remap recorded, SBE storm, contained error): not critical.
+CRITICAL_XIDS = frozenset(
+    {46, 48, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143, 154, 155, 158}
+    | set(range(144, 151))
+)
+
+
+def normalize_pci_id(raw: str) -> str:
+    """'PCI:0000:3b:00', '00000000:3B:00.0' -> '0000:3b:00' (join key for XID lines)."""
+    text = raw.strip().lower()
+    text = text[4:] if text.startswith("pci:") else text
+    parts = text.split(".")[0].split(":")
+    if len(parts) != 3:
+        return text
+    try:
+        domain, bus, device = (int(p, 16) for p in parts)
+    except ValueError:
+        return text
+    return f"{domain:04x}:{bus:02x}:{device:02x}"
+
+
+def nvidia_pci_form(key: str) -> str:
+    """'0000:3b:00' -> '00000000:3B:00.0', the form nvidia-smi and DCGM label with."""
+    domain, bus, device = key.split(":")
+    return f"{int(domain, 16):08X}:{bus.upper()}:{device.upper()}.0"
+
+
+def parse_xid_lines(lines: Iterable[str]) -> list[tuple[str, int]]:
+    """Kernel log lines -> [(normalised pci id, xid)] in order.
+
+    The multi-line and single-line "fallen off the bus" messages (printed without
+    an Xid line on some drivers) count as XID 79.
+    """
+    events: list[tuple[str, int]] = []
+    pending_head: str | None = None
+    for line in lines:
+        match = XID_RE.search(line)
+        if match:
+            events.append((normalize_pci_id(match.group(1)), int(match.group(2))))
+            continue
+        match = FALLEN_SINGLE_RE.search(line)
+        if match:
+            events.append((normalize_pci_id(match.group(1)), 79))
+            continue
+        match = FALLEN_HEAD_RE.search(line)
+        if match:
+            pending_head = normalize_pci_id(match.group(1))
+        elif pending_head and FALLEN_TAIL in line:
+            events.append((pending_head, 79))
+            pending_head = None
+    return events
+
+
+def count_xids(counts: dict[str, int], events: Iterable[tuple[str, int]]) -> dict[str, int]:
+    """Pure: returns new counts keyed 'pci|xid'."""
+    out = dict(counts)
+    for pci, xid in events:
+        key = f"{pci}|{xid}"
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def xid_samples(counts: dict[str, int], pci_map: dict[str, list[str]]) -> list[Sample]:
+    samples = []
+    for key in sorted(counts):
+        pci, xid = key.split("|")
+        gpu, uuid = (pci_map.get(pci) or ["unknown", "unknown"])[:2]
+        labels = (
+            ("gpu", gpu),
+            ("uuid", uuid),
+            ("vendor", "nvidia"),
+            ("pci_bus_id", nvidia_pci_form(pci)),
+            ("xid", xid),
+            ("critical", "true" if int(xid) in CRITICAL_XIDS else "false"),
+        )
+        samples.append(Sample("xid_errors_total", labels, float(counts[key])))
+    return samples
+
+
+def pci_map_of(gpus: Iterable[GpuData]) -> dict[str, list[str]]:
+    return {
+        normalize_pci_id(g.info["pci_bus_id"]): [g.gpu, g.uuid]
+        for g in gpus
+        if g.vendor == "nvidia" and g.info.get("pci_bus_id")
+    }
+
+
+# ------------------------------------------------------------ Slurm attribution
+
+SLURM_JOB_RE = re.compile(r"/job_(\d+)(?:/|$)")
+SLURM_UID_RE = re.compile(r"/uid_(\d+)/")
+
+
+def parse_slurm_cgroup(text: str) -> tuple[str, int | None] | None:
+    """/proc/PID/cgroup text -> (job id, uid from a v1 'uid_N' component or None).
+
+    v2: '0::/system.slice/slurmstepd.scope/job_123/step_0/user/task_0'
+    v1: '12:memory:/slurm/uid_1000/job_123/step_0' (also /slurm_<node>/...).
+    """
+    for line in text.splitlines():
+        path = line.split(":", 2)[-1]
+        if "slurm" not in path:
+            continue
+        job = SLURM_JOB_RE.search(path)
+        if job:
+            uid = SLURM_UID_RE.search(path)
+            return job.group(1), int(uid.group(1)) if uid else None
+    return None
+
+
+def parse_status_uid(text: str) -> int | None:
+    match = re.search(r"^Uid:\s+(\d+)", text, re.MULTILINE)
+    return int(match.group(1)) if match else None
+
+
+def user_name(uid: int | None) -> str:
+    if uid is None:
+        return ""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return str(uid)
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def job_of_pid(proc_root: str, pid: int) -> tuple[str, str] | None:
+    cgroup = _read_text(os.path.join(proc_root, str(pid), "cgroup"))
+    parsed = parse_slurm_cgroup(cgroup or "")
+    if parsed is None:
+        return None
+    job_id, uid = parsed
+    if uid is None:
+        uid = parse_status_uid(_read_text(os.path.join(proc_root, str(pid), "status")) or "")
+    return job_id, user_name(uid)
+
+
+def jobs_by_gpu(
+    apps: Iterable[ComputeApp], lookup: Callable[[int], tuple[str, str] | None]
+) -> dict[str, set[tuple[str, str]]]:
+    """gpu uuid -> {(job id, user)}: one entry per (GPU, job), never per PID."""
+    out: dict[str, set[tuple[str, str]]] = {}
+    for app in apps:
+        job = lookup(app.pid)
+        if job is not None:
+            out.setdefault(app.gpu_uuid, set()).add(job)
+    return out
+
+
+# ---------------------------------------------------------------- samples/render
+
+
+def base_labels(gpu: GpuData) -> tuple[tuple[str, str], ...]:
+    return (("gpu", gpu.gpu), ("uuid", gpu.uuid), ("vendor", gpu.vendor))
+
+
+def to_samples(gpus: list[GpuData]) -> list[Sample]:
+    samples = [Sample("devices", (), float(len(gpus)))]
+    for gpu in gpus:
+        base = base_labels(gpu)
+        samples.append(Sample("info", base + tuple(sorted(gpu.info.items())), 1.0))
+        samples.extend(Sample(name, base + extra, value) for name, extra, value in gpu.values)
+    return samples
+
+
+def compute_app_samples(
+    gpus: list[GpuData], apps: list[ComputeApp], jobs: dict[str, set[tuple[str, str]]]
+) -> list[Sample]:
+    samples = []
+    for gpu in gpus:
+        base = base_labels(gpu)
+        mine = [a for a in apps if a.gpu_uuid == gpu.uuid]
+        samples.append(Sample("compute_processes", base, float(len(mine))))
+        known = [a.used_bytes for a in mine if a.used_bytes is not None]
+        if known or not mine:
+            samples.append(Sample("compute_processes_used_memory_bytes", base, float(sum(known))))
+        for job_id, user in sorted(jobs.get(gpu.uuid, ())):
+            labels = (*base, ("job_id", job_id), ("user", user))
+            samples.append(Sample("slurm_job_info", labels, 1.0))
+    return samples
+
+
+def health_samples(
+    success: bool,
+    duration: float,
+    last_success: float | None,
+    reason: str | None = None,
+) -> list[Sample]:
+    samples = [
+        Sample("collector_success", (), 1.0 if success else 0.0),
+        Sample("collector_duration_seconds", (), round(duration, 6)),
+    ]
+    if last_success is not None:
+        samples.append(
+            Sample("collector_last_success_timestamp_seconds", (), round(last_success, 3))
+        )
+    if not success:
+        samples.append(Sample("collector_error_info", (("reason", reason or "exec_error"),), 1.0))
+    return samples
+
+
+def escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def format_value(value: float) -> str:
+    value = float(value)
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
+
+
+def render_metrics(samples: Iterable[Sample]) -> str:
+    """Group samples by family (FAMILIES order) with # HELP / # TYPE lines."""
+    by_name: dict[str, list[Sample]] = {}
+    for sample in samples:
+        if sample.name not in FAMILIES:
+            raise KeyError(f"undeclared metric family {sample.name}")
+        by_name.setdefault(sample.name, []).append(sample)
+    lines: list[str] = []
+    for name, (kind, help_text) in FAMILIES.items():
+        if name not in by_name:
+            continue
+        full = PREFIX + name
+        lines.append(f"# HELP {full} {help_text}")
+        lines.append(f"# TYPE {full} {kind}")
+        seen: set[tuple[tuple[str, str], ...]] = set()
+        for sample in by_name[name]:
+            if sample.labels in seen:  # one value per series, first wins
+                continue
+            seen.add(sample.labels)
+            labels = ",".join(f'{k}="{escape_label(v)}"' for k, v in sample.labels)
+            lines.append(
+                f"{full}{{{labels}}} {format_value(sample.value)}"
+                if labels
+                else f"{full} {format_value(sample.value)}"
+            )
+    return "\n".join(lines) + "\n"
+
+
+LAST_SUCCESS_RE = re.compile(
+    r"^" + PREFIX + r"collector_last_success_timestamp_seconds\s+([0-9.eE+]+)\s*$", re.MULTILINE
+)
+
+
+def previous_last_success(text: str | None) -> float | None:
+    match = LAST_SUCCESS_RE.search(text or "")
+    return float(match.group(1)) if match else None
+
+
+# ------------------------------------------------------------------------- I/O
+
+
+def write_atomic(path: str, text: str) -> None:
+    """tmp file in the same directory + fsync + os.replace: readers never see half a file.
+
+    The tmp name does not end in .prom, so node_exporter's *.prom glob ignores it.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError:
+        pass
+
+
+def run_command(argv: list[str], timeout: float) -> CommandResult:
+    """Run with a hard timeout; on expiry SIGKILL the whole process group.
+
+    After the kill, wait only briefly: a process stuck in the driver (D state)
+    cannot be reaped, and the collector must still write its failure file.
+    """
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            env={**os.environ, "LC_ALL": "C"},
+        )
+    except FileNotFoundError as exc:
+        raise CollectorError("not_found", str(exc)) from exc
+    except OSError as exc:
+        raise CollectorError("exec_error", str(exc)) from exc
+    try:
+        out, err = proc.communicate(timeout=max(timeout, 0.05))
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=2)
+        return CommandResult(None, "", "")
+    return CommandResult(
+        proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+    )
+
+
+class Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+def _checked(result: CommandResult, what: str) -> str:
+    if result.rc is None:
+        raise CollectorError("timeout", f"{what} killed at the timeout")
+    return result.stdout
+
+
+# ------------------------------------------------------------------- state files
+
+
+def load_json(path: str | None) -> dict[str, Any]:
+    if not path:
+        return {}
+    text = _read_text(path)
+    try:
+        data = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def save_json(path: str | None, data: dict[str, Any]) -> None:
+    if not path:
+        return
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_atomic(path, json.dumps(data, sort_keys=True))
+    except OSError as exc:
+        log(f"cannot write state {path}: {exc}")
+
+
+def log(message: str) -> None:
+    print(f"gpufleet_gpu_collector: {message}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------- NVIDIA I/O
+
+
+def binary_identity(path: str) -> str:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ""
+    return f"{path}:{st.st_size}:{st.st_mtime_ns}"
+
+
+class FieldMemory:
+    """Fields the installed driver rejected; reset when the nvidia-smi binary changes."""
+
+    def __init__(self, path: str | None, identity: str) -> None:
+        self.path = path
+        data = load_json(path)
+        fresh = data.get("binary") == identity
+        self.identity = identity
+        self.removed: list[str] = list(data.get("removed", [])) if fresh else []
+        self.aliased: list[str] = list(data.get("aliased", [])) if fresh else []
+
+    def fields(self) -> list[str]:
+        return effective_fields(self.removed, self.aliased)
+
+    def forget(self, bad: str) -> bool:
+        """Record a rejected field; False if it was not one we asked for.
+
+        The clocks_event_* fields were renamed together, so one rejection switches
+        them all to the old clocks_throttle_* names; a rejected field of a group
+        (the counters) drops the whole group. This keeps the number of failing
+        cycles on an old driver small.
+        """
+        canonical = canonical_field(bad)
+        if canonical in FIELD_ALIASES and bad == canonical and canonical not in self.aliased:
+            self.aliased.extend(f for f in FIELD_ALIASES if f not in self.aliased)
+        elif canonical in all_query_fields() and canonical not in self.removed:
+            group = next((g for g in FIELD_GROUPS if canonical in g), (canonical,))
+            self.removed.extend(f for f in group if f not in self.removed)
+        else:
+            return False
+        log(f"driver rejects field {bad!r}; not asking for it again")
+        save_json(
+            self.path, {"binary": self.identity, "removed": self.removed, "aliased": self.aliased}
+        )
+        return True
+
+
+def query_nvidia_gpus(nvidia_smi: str, memory: FieldMemory, deadline: Deadline) -> str:
+    """One --query-gpu call; a second one only after an invalid-field error."""
+    for attempt in (1, 2):
+        argv = [nvidia_smi, "--query-gpu=" + ",".join(memory.fields()), "--format=csv,nounits"]
+        result = run_command(argv, deadline.left())
+        stdout = _checked(result, "nvidia-smi --query-gpu")
+        if result.rc == 0:
+            return stdout
+        bad = invalid_fields(stdout + result.stderr)
+        if bad:
+            if not any([memory.forget(b) for b in bad]) or attempt == 2:
+                raise CollectorError("invalid_field", ", ".join(bad))
+            continue
+        if "No devices were found" in stdout + result.stderr:
+            return "index\n"
+        if has_gpu_rows(stdout):
+            return stdout  # partial answer (e.g. one GPU lost): keep the healthy ones
+        detail = (stdout + result.stderr).strip().splitlines()[:1]
+        raise CollectorError("exit_code", f"rc={result.rc} {detail}")
+    raise CollectorError("invalid_field")
+
+
+def has_gpu_rows(text: str) -> bool:
+    try:
+        return bool(parse_nvidia_gpus(text))
+    except CollectorError:
+        return False
+
+
+def query_compute_apps(nvidia_smi: str, deadline: Deadline) -> list[ComputeApp]:
+    argv = [
+        nvidia_smi,
+        "--query-compute-apps=" + ",".join(COMPUTE_APPS_FIELDS),
+        "--format=csv,nounits",
+    ]
+    result = run_command(argv, deadline.left())
+    stdout = _checked(result, "nvidia-smi --query-compute-apps")
+    if result.rc != 0:
+        raise CollectorError("exit_code", f"compute-apps rc={result.rc}")
+    return parse_compute_apps(stdout)
+
+
+def query_amd(args: argparse.Namespace, deadline: Deadline) -> list[GpuData]:
+    if args.amd_smi_resolved:
+        docs = []
+        for sub in ("metric", "static"):
+            result = run_command([args.amd_smi_resolved, sub, "--json"], deadline.left())
+            stdout = _checked(result, f"amd-smi {sub}")
+            if result.rc != 0:
+                raise CollectorError("exit_code", f"amd-smi {sub} rc={result.rc}")
+            docs.append(_load_json_text(stdout))
+        return parse_amd_smi(docs[0], docs[1])
+    argv = [args.rocm_smi_resolved, *ROCM_SMI_ARGS]
+    result = run_command(argv, deadline.left())
+    stdout = _checked(result, "rocm-smi")
+    if result.rc != 0:
+        raise CollectorError("exit_code", f"rocm-smi rc={result.rc}")
+    return parse_rocm_smi(_load_json_text(stdout))
+
+
+ROCM_SMI_ARGS = (
+    "--showuse",
+    "--showmemuse",
+    "--showtemp",
+    "--showpower",
+    "--showmaxpower",
+    "--showclocks",
+    "--showfan",
+    "--showmeminfo",
+    "vram",
+    "--showbus",
+    "--showproductname",
+    "--showvbios",
+    "--showuniqueid",
+    "--showdriverversion",
+    "--json",
+)
+
+
+def _load_json_text(text: str) -> Any:
+    # Some versions print a WARNING line before the JSON document.
+    start = min((i for i in (text.find("{"), text.find("[")) if i >= 0), default=-1)
+    try:
+        return json.loads(text[start:]) if start >= 0 else None
+    except ValueError as exc:
+        raise CollectorError("parse_error", f"bad JSON: {exc}") from exc
+
+
+# ------------------------------------------------------------------- XID sources
+
+
+def read_xid_file(path: str, state: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """New complete lines since the stored offset (restart if rotated/truncated)."""
+    st = os.stat(path)
+    offset = int(state.get("offset", 0))
+    if state.get("inode") != st.st_ino or st.st_size < offset:
+        offset = 0
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        data = handle.read()
+    end = data.rfind(b"\n") + 1
+    lines = data[:end].decode("utf-8", "replace").splitlines()
+    return lines, {"inode": st.st_ino, "offset": offset + end}
+
+
+def read_xid_journald(state: dict[str, Any], timeout: float) -> tuple[list[str], dict[str, Any]]:
+    argv = ["journalctl", "-k", "-b", "-q", "--no-pager", "-o", "cat", "--show-cursor"]
+    if state.get("cursor"):
+        argv.append("--after-cursor=" + str(state["cursor"]))
+    result = run_command(argv, timeout)
+    if result.rc is None or result.rc != 0:
+        raise CollectorError("exec_error", f"journalctl rc={result.rc}")
+    lines, cursor = [], state.get("cursor")
+    for line in result.stdout.splitlines():
+        if line.startswith("-- cursor: "):
+            cursor = line[len("-- cursor: ") :].strip()
+        else:
+            lines.append(line)
+    return lines, {"cursor": cursor}
+
+
+def parse_kmsg_record(record: str) -> tuple[int, str] | None:
+    """'6,1234,5678,-;NVRM: Xid ...' -> (1234, message)."""
+    head, sep, message = record.partition(";")
+    fields = head.split(",")
+    if not sep or len(fields) < 3 or not fields[1].isdigit():
+        return None
+    return int(fields[1]), message.split("\n", 1)[0]
+
+
+def read_xid_kmsg(
+    state: dict[str, Any], device: str = "/dev/kmsg"
+) -> tuple[list[str], dict[str, Any]]:
+    boot_id = (_read_text("/proc/sys/kernel/random/boot_id") or "").strip()
+    last = int(state.get("seq", -1)) if state.get("boot_id") == boot_id else -1
+    lines, newest = [], last
+    fd = os.open(device, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:  # records overwritten; keep reading
+                    continue
+                raise
+            if not chunk:
+                break
+            parsed = parse_kmsg_record(chunk.decode("utf-8", "replace"))
+            if parsed and parsed[0] > last:
+                newest = max(newest, parsed[0])
+                lines.append(parsed[1])
+    finally:
+        os.close(fd)
+    return lines, {"boot_id": boot_id, "seq": newest}
+
+
+def collect_xids(source: str, state: dict[str, Any], timeout: float) -> tuple[dict[str, Any], bool]:
+    """Read new kernel-log lines and add them to the counters: (new state, ok).
+
+    The state (counts, read position, last known PCI -> GPU map) is persisted by
+    the caller, so counters never reset between one-shot runs.
+    """
+    counts = {str(k): int(v) for k, v in dict(state.get("counts", {})).items()}
+    position = dict(state.get("position", {})) if state.get("source") == source else {}
+    try:
+        if source == "journald":
+            lines, position = read_xid_journald(position, timeout)
+        elif source == "kmsg":
+            lines, position = read_xid_kmsg(position)
+        else:
+            lines, position = read_xid_file(source, position)
+    except (OSError, CollectorError) as exc:
+        log(f"XID source {source}: {exc}")
+        return state, False
+    counts = count_xids(counts, parse_xid_lines(lines))
+    return {**state, "counts": counts, "position": position, "source": source}, True
+
+
+# ------------------------------------------------------------------------ cycle
+
+
+def resolve_tools(args: argparse.Namespace) -> str:
+    """Pick the vendor; fills args.*_resolved. Returns 'nvidia', 'amd' or ''."""
+    args.nvidia_smi_resolved = args.nvidia_smi or shutil.which("nvidia-smi") or ""
+    args.amd_smi_resolved = args.amd_smi or shutil.which("amd-smi") or ""
+    args.rocm_smi_resolved = args.rocm_smi or shutil.which("rocm-smi") or ""
+    if args.vendor == "nvidia" or (args.vendor == "auto" and args.nvidia_smi_resolved):
+        return "nvidia"
+    if args.vendor in ("amd", "auto") and (args.amd_smi_resolved or args.rocm_smi_resolved):
+        return "amd"
+    return ""
+
+
+def state_file(args: argparse.Namespace, name: str) -> str | None:
+    return os.path.join(args.state_dir, name) if args.state_dir else None
+
+
+def collect_gpu_samples(
+    args: argparse.Namespace, memory: FieldMemory | None
+) -> tuple[list[Sample], list[GpuData], bool | None]:
+    """The vendor part of a cycle: (samples, gpus, compute-apps ok or None)."""
+    deadline = Deadline(args.timeout)
+    vendor = resolve_tools(args)
+    if vendor == "amd":
+        gpus = query_amd(args, deadline)
+        return to_samples(gpus), gpus, None
+    if vendor != "nvidia":
+        raise CollectorError("no_vendor_tool", "no nvidia-smi, amd-smi or rocm-smi found")
+    if memory is None:
+        memory = FieldMemory(None, "")
+    gpus = parse_nvidia_gpus(query_nvidia_gpus(args.nvidia_smi_resolved, memory, deadline))
+    samples = to_samples(gpus)
+    try:
+        apps = query_compute_apps(args.nvidia_smi_resolved, deadline)
+    except CollectorError as exc:
+        log(f"compute apps: {exc}")
+        return samples, gpus, False
+    jobs = jobs_by_gpu(apps, lambda pid: job_of_pid(args.proc_root, pid))
+    return samples + compute_app_samples(gpus, apps, jobs), gpus, True
+
+
+class Collector:
+    """Holds what survives between cycles in loop mode (field memory, last success)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.output = os.path.join(args.textfile_dir, args.output_name)
+        nvidia = args.nvidia_smi or shutil.which("nvidia-smi") or ""
+        self.memory = FieldMemory(state_file(args, "nvidia_fields.json"), binary_identity(nvidia))
+        self.last_success = previous_last_success(_read_text(self.output))
+        self.xid_path = state_file(args, "xid_state.json")
+        self.xid_state = load_json(self.xid_path)
+        if args.xid_source != "none" and not self.xid_path:
+            log("no --state-dir: XID counters restart with every process")
+
+    def update_xids(self, gpus: list[GpuData], ok: bool) -> list[Sample]:
+        state = dict(self.xid_state)
+        if ok:  # keep GPUs that vanished: their XIDs (79) must still map to them
+            state["pci_map"] = {**state.get("pci_map", {}), **pci_map_of(gpus)}
+        state, xid_ok = collect_xids(self.args.xid_source, state, max(self.args.timeout, 1.0))
+        if state != self.xid_state:
+            save_json(self.xid_path, state)
+            self.xid_state = state
+        samples = xid_samples(state.get("counts", {}), state.get("pci_map", {}))
+        return [*samples, Sample("collector_xid_success", (), 1.0 if xid_ok else 0.0)]
+
+    def cycle(self) -> bool:
+        args = self.args
+        start = time.monotonic()
+        extra: list[Sample] = []
+        if args.expected_gpus is not None:
+            extra.append(Sample("expected_devices", (), float(args.expected_gpus)))
+        try:
+            samples, gpus, apps_ok = collect_gpu_samples(args, self.memory)
+            error: CollectorError | None = None
+        except CollectorError as exc:
+            samples, gpus, apps_ok, error = [], [], None, exc
+            log(str(exc))
+        if args.xid_source != "none":
+            extra.extend(self.update_xids(gpus, error is None))
+        if apps_ok is not None:
+            extra.append(Sample("collector_compute_apps_success", (), 1.0 if apps_ok else 0.0))
+        if error is None:
+            self.last_success = time.time()
+        health = health_samples(
+            error is None,
+            time.monotonic() - start,
+            self.last_success,
+            error.reason if error else None,
+        )
+        write_atomic(self.output, render_metrics(samples + extra + health))
+        return error is None
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nvidia-smi", default="", help="path to nvidia-smi (default: PATH)")
+    parser.add_argument("--amd-smi", default="", help="path to amd-smi (default: PATH)")
+    parser.add_argument("--rocm-smi", default="", help="path to rocm-smi (default: PATH)")
+    parser.add_argument("--vendor", choices=("auto", "nvidia", "amd"), default="auto")
+    parser.add_argument("--textfile-dir", default="/var/lib/node_exporter/textfile_collector")
+    parser.add_argument(
+        "--output-name", default=DEFAULT_OUTPUT, help="file name, must end in .prom"
+    )
+    parser.add_argument(
+        "--state-dir", default=DEFAULT_STATE_DIR, help="XID counters, field memory; '' disables"
+    )
+    parser.add_argument("--once", action="store_true", help="one collection, then exit")
+    parser.add_argument(
+        "--interval", type=float, default=15.0, help="seconds between cycles (loop mode)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=10.0, help="budget for the vendor tool calls of a cycle"
+    )
+    parser.add_argument("--expected-gpus", type=int, default=None, help="GPUs this node must have")
+    parser.add_argument(
+        "--xid-source",
+        default="none",
+        help="journald, kmsg, none, or a FILE of kernel log lines (tests)",
+    )
+    parser.add_argument("--proc-root", default="/proc", help="where /proc/PID/cgroup is read")
+    args = parser.parse_args(argv)
+    if not args.output_name.endswith(".prom") or "/" in args.output_name:
+        parser.error("--output-name must be a plain file name ending in .prom")
+    if args.timeout <= 0 or args.interval <= 0:
+        parser.error("--timeout and --interval must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    collector = Collector(args)
+    if args.once:
+        return 0 if collector.cycle() else 1
+    stop: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stop.append(signum))
+    next_run = time.monotonic()
+    while not stop:
+        collector.cycle()
+        next_run += args.interval
+        delay = next_run - time.monotonic()
+        if delay < 0:  # overran: skip missed ticks instead of bursting
+            next_run, delay = time.monotonic(), 0.0
+        while delay > 0 and not stop:
+            time.sleep(min(delay, 1.0))
+            delay = next_run - time.monotonic()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
