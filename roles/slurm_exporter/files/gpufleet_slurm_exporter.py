@@ -1,0 +1,1397 @@
+#!/usr/bin/env python3
+"""gpufleet Slurm exporter: Slurm state as Prometheus metrics, GPU allocation per job.
+
+Standard library only (runs on the Slurm controller's system python3). Slurm is read through
+its commands (sinfo, squeue, scontrol, sdiag, sshare) in a background thread every
+``--collect-interval`` seconds, each command bounded by ``--command-timeout`` (its whole
+process group is killed on timeout). A scrape of ``/metrics`` only serves the latest
+snapshot, so a hung slurmctld never blocks a scrape.
+
+Metric names follow SckyzO/slurm_exporter (which kept the vpenso names) so existing Slurm
+dashboards work; the additions (per-job GPU allocation and indices, node reasons, exporter
+health) are documented in docs/slurm-exporter.md.
+
+Layout: pure parse functions (one per command output) -> build_families() (pure) ->
+render() (pure); the subprocess runner, the collector thread and the HTTP server are the glue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+__version__ = "0.1.0"
+
+LOG = logging.getLogger("gpufleet_slurm_exporter")
+
+# The exact command lines. tests/fixtures/slurm/capture.sh runs the same ones.
+# -O "Field:|" = no minimum width (no truncation) and "|" as suffix; Reason is last because
+# a node reason is free text and may itself contain "|".
+SINFO_NODES_FIELDS = (
+    "NodeList:|,PartitionName:|,StateLong:|,CPUsState:|,AllocMem:|,Memory:|,"
+    "Gres:|,GresUsed:|,Timestamp:|,Reason:"
+)
+SQUEUE_FORMAT = "%A|%i|%T|%P|%u|%a|%C|%D|%r"
+SSHARE_FIELDS = "Account,User,RawShares,NormShares,RawUsage,NormUsage,FairShare"
+COMMANDS: dict[str, list[str]] = {
+    "sinfo_version": ["sinfo", "--version"],
+    "sinfo_nodes": ["sinfo", "-h", "-N", "-O", SINFO_NODES_FIELDS],
+    "squeue": ["squeue", "-h", "-a", "-r", "--states=all", "-o", SQUEUE_FORMAT],
+    "scontrol_jobs": ["scontrol", "show", "job", "-d", "-o"],
+    "sdiag": ["sdiag"],
+    "sshare": ["sshare", "-a", "-P", "-n", "-o", SSHARE_FIELDS],
+}
+# Commands whose success means slurmctld answered (slurm_up).
+UP_COMMANDS = ("sinfo_nodes", "squeue")
+# Results of these are not served once they are older than --max-stale; per-job series
+# (from scontrol_jobs) are never served stale: a job may have ended since.
+NEVER_STALE = ("scontrol_jobs",)
+
+# vpenso/SckyzO node state buckets, matched on the state's prefix (sinfo StateLong).
+NODE_STATE_BUCKETS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("alloc", ("alloc",)),
+    ("comp", ("comp",)),
+    ("down", ("down",)),
+    ("drain", ("drain",)),
+    ("err", ("err",)),
+    ("fail", ("fail",)),
+    ("idle", ("idle",)),
+    ("inval", ("inval",)),
+    ("maint", ("maint",)),
+    ("mix", ("mix",)),
+    ("planned", ("planned",)),
+    ("resv", ("reserved", "resv")),
+)
+NODE_STATE_NAMES = (*(name for name, _ in NODE_STATE_BUCKETS), "other")
+# Node states whose GPUs cannot be given to new jobs (counted as "other" GPUs when idle).
+UNAVAILABLE_PREFIXES = ("down", "drain", "fail", "err", "maint", "inval", "unknown", "future")
+
+# Job states as squeue %T prints them -> the SckyzO metric suffix.
+JOB_STATES: dict[str, str] = {
+    "PENDING": "pending",
+    "RUNNING": "running",
+    "SUSPENDED": "suspended",
+    "CANCELLED": "cancelled",
+    "COMPLETING": "completing",
+    "COMPLETED": "completed",
+    "CONFIGURING": "configuring",
+    "FAILED": "failed",
+    "TIMEOUT": "timeout",
+    "PREEMPTED": "preempted",
+    "NODE_FAIL": "node_fail",
+    "OUT_OF_MEMORY": "out_of_memory",
+    "BOOT_FAIL": "boot_fail",
+    "DEADLINE": "deadline",
+}
+
+MISSING = ("", "(null)", "N/A", "n/a", "none", "None", "Unknown")
+
+
+class ParseError(ValueError):
+    """Raised when a command's output cannot be used at all."""
+
+
+# ---------------------------------------------------------------------------------------
+# Data model
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Gres:
+    """One GRES token, e.g. ``gpu:a100:2(IDX:0-1)``."""
+
+    name: str
+    type: str | None
+    count: int
+    indices: tuple[int, ...] = ()
+
+    @property
+    def gres_type(self) -> str:
+        """SckyzO's ``gres_type`` label: ``gpu`` or ``gpu:<model>``."""
+        return f"{self.name}:{self.type}" if self.type else self.name
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    """One line of ``sinfo -N -O`` (a node appears once per partition)."""
+
+    node: str
+    partition: str
+    state: str
+    cpu_alloc: int
+    cpu_idle: int
+    cpu_other: int
+    cpu_total: int
+    mem_alloc: float
+    mem_total: float
+    gres: tuple[Gres, ...]
+    gres_used: tuple[Gres, ...]
+    reason_timestamp: float | None
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """One line of ``squeue -r --states=all -o %A|%i|%T|%P|%u|%a|%C|%D|%r``."""
+
+    job_id: str
+    job_id_display: str
+    state: str
+    partitions: tuple[str, ...]
+    user: str
+    account: str
+    cpus: int
+    nodes: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class NodeAlloc:
+    """GPUs one job holds on one node (from a ``Nodes=... GRES=...`` detail segment)."""
+
+    node: str
+    gpus: int
+    indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class JobDetail:
+    """One record of ``scontrol show job -d -o``."""
+
+    job_id: str
+    state: str
+    user: str
+    account: str
+    partition: str
+    array_job_id: str | None
+    allocations: tuple[NodeAlloc, ...]
+
+    @property
+    def gpus(self) -> int:
+        return sum(a.gpus for a in self.allocations)
+
+
+@dataclass
+class Sdiag:
+    """The parts of ``sdiag`` the exporter publishes."""
+
+    values: dict[str, float] = field(default_factory=dict)
+    rpc_by_type: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    rpc_by_user: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ShareRow:
+    """One line of ``sshare -a -P -n`` (user empty for an account line)."""
+
+    account: str
+    user: str
+    raw_shares: float | None
+    norm_shares: float | None
+    raw_usage: float | None
+    norm_usage: float | None
+    fairshare: float | None
+
+
+# ---------------------------------------------------------------------------------------
+# Small parsing helpers
+# ---------------------------------------------------------------------------------------
+
+
+def split_top_level(text: str, sep: str = ",") -> list[str]:
+    """Split on ``sep`` outside parentheses and brackets: ``a(IDX:0,3),b[1,2]``."""
+    parts: list[str] = []
+    depth = 0
+    start = 0
+    for i, ch in enumerate(text):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth = max(0, depth - 1)
+        elif ch == sep and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p for p in (s.strip() for s in parts) if p]
+
+
+def expand_ranges(text: str) -> list[int]:
+    """``0-1,3`` -> [0, 1, 3]. Raises ValueError on anything else."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            a, b = int(lo), int(hi)
+            if b < a or b - a > 100000:
+                raise ValueError(f"bad range {part!r}")
+            out.extend(range(a, b + 1))
+        else:
+            out.append(int(part))
+    return out
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Expand a Slurm hostlist: ``gpu[01-03,07],vm`` or ``r[1-2]n[1-2]``."""
+    hosts: list[str] = []
+    for item in split_top_level(text):
+        m = re.search(r"\[([^\]]*)\]", item)
+        if not m:
+            hosts.append(item)
+            continue
+        prefix, suffix = item[: m.start()], item[m.end() :]
+        for part in m.group(1).split(","):
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                width = len(lo)
+                a, b = int(lo), int(hi)
+                if b < a or b - a > 100000:
+                    raise ValueError(f"bad hostlist range {part!r}")
+                for n in range(a, b + 1):
+                    hosts.extend(expand_hostlist(f"{prefix}{n:0{width}d}{suffix}"))
+            else:
+                hosts.extend(expand_hostlist(f"{prefix}{part}{suffix}"))
+    return hosts
+
+
+_PAREN_RE = re.compile(r"^(.*)\(([^()]*)\)$")
+_COUNT_RE = re.compile(r"^(\d+)([KMGTP]?)$")
+_MULT = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
+
+
+def parse_gres(spec: str) -> tuple[Gres, ...]:
+    """Parse a GRES list as sinfo Gres/GresUsed or scontrol ``GRES=`` print it.
+
+    Handles ``gpu:4``, ``gpu:a100:4(S:0-1)``, ``gpu:a100:2(IDX:0-1)``, ``gpu:a100:0(IDX:N/A)``,
+    ``gpu:(null):0(IDX:N/A)``, ``gpu(IDX:0-1)`` (count from the indices), MIG types with dots,
+    several types separated by commas, and ``(null)``/empty (no GRES).
+    """
+    spec = spec.strip()
+    if spec in MISSING:
+        return ()
+    out: list[Gres] = []
+    for token in split_top_level(spec):
+        paren = ""
+        m_paren = _PAREN_RE.match(token)
+        if m_paren and m_paren.group(2) != "null":
+            token, paren = m_paren.group(1), m_paren.group(2)
+        parts = token.split(":")
+        name = parts[0]
+        if not name:
+            raise ValueError(f"bad gres token {token!r}")
+        gtype: str | None = None
+        count: int | None = None
+        rest = parts[1:]
+        if rest:
+            m = _COUNT_RE.match(rest[-1])
+            if m:
+                count = int(m.group(1)) * _MULT[m.group(2)]
+                rest = rest[:-1]
+            if rest:
+                gtype = ":".join(rest)
+                if gtype in MISSING:
+                    gtype = None
+        indices: tuple[int, ...] = ()
+        if paren.startswith("IDX:"):
+            idx = paren[4:]
+            if idx not in MISSING:
+                indices = tuple(expand_ranges(idx))
+        if count is None:
+            count = len(indices) if indices else 1
+        out.append(Gres(name=name, type=gtype, count=count, indices=indices))
+    return tuple(out)
+
+
+def gpu_count(gres: Iterable[Gres]) -> int:
+    return sum(g.count for g in gres if g.name == "gpu")
+
+
+def _float(text: str) -> float | None:
+    text = text.strip()
+    if text in MISSING:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _int(text: str) -> int:
+    value = _float(text)
+    return int(value) if value is not None else 0
+
+
+def parse_slurm_time(text: str) -> float | None:
+    """``2026-11-22T02:15:56`` (SLURM_TIME_FORMAT=standard, controller local time) -> epoch."""
+    text = text.strip()
+    if text in MISSING:
+        return None
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------
+# Parse functions, one per command output. Pure: text in, data out.
+# Malformed lines are skipped and counted (returned as ``bad``), never raised.
+# ---------------------------------------------------------------------------------------
+
+
+def parse_version(text: str) -> str | None:
+    """``slurm 22.05.8`` / ``slurm-wlm 22.05.8`` -> ``22.05.8``."""
+    m = re.search(r"\b(\d+\.\d+(?:\.\d+)?(?:-\w+)?)\b", text)
+    return m.group(1) if m else None
+
+
+def parse_sinfo_nodes(text: str) -> tuple[list[NodeRow], int]:
+    """Parse ``sinfo -h -N -O NodeList:|,PartitionName:|,...,Reason:``."""
+    rows: list[NodeRow] = []
+    bad = 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split("|", 9)
+        if len(fields) != 10:
+            bad += 1
+            continue
+        node, part, state, cpus, amem, mem, gres, gres_used, ts, reason = (
+            f.strip() for f in fields
+        )
+        cpu_parts = cpus.split("/")
+        if not node or len(cpu_parts) != 4:
+            bad += 1
+            continue
+        try:
+            c_alloc, c_idle, c_other, c_total = (int(c) for c in cpu_parts)
+            g_total = parse_gres(gres)
+            g_used = parse_gres(gres_used)
+        except ValueError:
+            bad += 1
+            continue
+        rows.append(
+            NodeRow(
+                node=node,
+                partition=part.rstrip("*"),
+                state=state.lower(),
+                cpu_alloc=c_alloc,
+                cpu_idle=c_idle,
+                cpu_other=c_other,
+                cpu_total=c_total,
+                mem_alloc=float(_int(amem)),
+                mem_total=float(_int(mem)),
+                gres=g_total,
+                gres_used=g_used,
+                reason_timestamp=parse_slurm_time(ts),
+                reason=None if reason in MISSING else reason,
+            )
+        )
+    return rows, bad
+
+
+def parse_squeue(text: str) -> tuple[list[QueueRow], int]:
+    """Parse ``squeue -h -a -r --states=all -o '%A|%i|%T|%P|%u|%a|%C|%D|%r'``."""
+    rows: list[QueueRow] = []
+    bad = 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split("|", 8)
+        if len(fields) != 9:
+            bad += 1
+            continue
+        job_id, display, state, parts, user, account, cpus, nodes, reason = (
+            f.strip() for f in fields
+        )
+        if not job_id or not state or not cpus.isdigit():
+            bad += 1
+            continue
+        rows.append(
+            QueueRow(
+                job_id=job_id,
+                job_id_display=display,
+                state=state.upper(),
+                partitions=tuple(p for p in parts.split(",") if p) or ("",),
+                user=user,
+                account="" if account in MISSING else account,
+                cpus=int(cpus),
+                nodes=_int(nodes),
+                reason=reason,
+            )
+        )
+    return rows, bad
+
+
+_KEY_RE = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/]*)=")
+
+
+def split_scontrol_record(line: str) -> list[tuple[str, str]]:
+    """Split one ``scontrol ... -o`` record into (key, value) pairs, keeping repeats.
+
+    A value runs until the next `` Key=``; values may contain spaces (Reason, OS, JobName).
+    Free text that itself contains `` Word=`` is split there: callers take the first
+    occurrence of each field they read and never read the free-text ones.
+    """
+    matches = list(_KEY_RE.finditer(line))
+    pairs: list[tuple[str, str]] = []
+    for i, m in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+        pairs.append((m.group(1), line[m.end() : end].strip()))
+    return pairs
+
+
+def _user_name(value: str) -> str:
+    """``root(0)`` -> ``root``; an unresolvable uid prints as ``4294967294(4294967294)``."""
+    m = re.match(r"^([^()]*)\((\d+)\)$", value)
+    return m.group(1) if m and m.group(1) else value
+
+
+def parse_scontrol_jobs(text: str) -> tuple[list[JobDetail], int]:
+    """Parse ``scontrol show job -d -o``: one job per line, per-node detail segments.
+
+    A detail segment is ``Nodes=<hostlist> CPU_IDs=... Mem=... GRES=<gres>``; the hostlist
+    may name several nodes that share the same CPU ids and GRES indices. Finished jobs keep
+    their segments with an empty ``GRES=``.
+    """
+    jobs: list[JobDetail] = []
+    bad = 0
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("No jobs in the system"):
+            continue
+        pairs = split_scontrol_record(line)
+        if not pairs or pairs[0][0] != "JobId":
+            bad += 1
+            continue
+        first: dict[str, str] = {}
+        allocs: list[NodeAlloc] = []
+        try:
+            for i, (key, value) in enumerate(pairs):
+                first.setdefault(key, value)
+                if key != "Nodes" or i + 1 >= len(pairs) or pairs[i + 1][0] != "CPU_IDs":
+                    continue
+                gres_value = ""
+                for k2, v2 in pairs[i + 1 : i + 5]:
+                    if k2 == "Nodes":
+                        break
+                    if k2 == "GRES":
+                        gres_value = v2
+                        break
+                gres = [g for g in parse_gres(gres_value) if g.name == "gpu"]
+                if not gres:
+                    continue
+                count = sum(g.count for g in gres)
+                indices = tuple(sorted({i for g in gres for i in g.indices}))
+                for node in expand_hostlist(value):
+                    allocs.append(NodeAlloc(node=node, gpus=count, indices=indices))
+        except ValueError:
+            bad += 1
+            continue
+        job_id = first.get("JobId", "")
+        if not job_id.isdigit():
+            bad += 1
+            continue
+        array_id = first.get("ArrayJobId")
+        jobs.append(
+            JobDetail(
+                job_id=job_id,
+                state=first.get("JobState", "").upper(),
+                user=_user_name(first.get("UserId", "")),
+                account="" if first.get("Account", "") in MISSING else first["Account"],
+                partition=first.get("Partition", ""),
+                array_job_id=array_id if array_id and array_id != job_id else None,
+                allocations=tuple(allocs),
+            )
+        )
+    return jobs, bad
+
+
+_SDIAG_TOP = {
+    "Server thread count": "threads",
+    "Agent queue size": "queue_size",
+    "Agent count": "agent_count",
+    "Agent thread count": "agent_thread_count",
+    "DBD Agent queue size": "dbd_queue_size",
+    "Jobs submitted": "jobs_submitted",
+    "Jobs started": "jobs_started",
+    "Jobs completed": "jobs_completed",
+    "Jobs canceled": "jobs_canceled",
+    "Jobs failed": "jobs_failed",
+    "Jobs pending": "jobs_pending",
+    "Jobs running": "jobs_running",
+}
+_SDIAG_MAIN = {
+    "Last cycle": "last_cycle",
+    "Max cycle": "max_cycle",
+    "Total cycles": "total_cycles",
+    "Mean cycle": "mean_cycle",
+    "Mean depth cycle": "mean_depth_cycle",
+    "Cycles per minute": "cycle_per_minute",
+    "Last queue length": "last_queue_length",
+}
+_SDIAG_BACKFILL = {
+    "Total backfilled jobs (since last slurm start)": "backfilled_jobs_since_start",
+    "Total backfilled jobs (since last stats cycle start)": "backfilled_jobs_since_cycle",
+    "Total backfilled heterogeneous job components": "backfilled_heterogeneous",
+    "Total cycles": "backfill_total_cycles",
+    "Last cycle": "backfill_last_cycle",
+    "Max cycle": "backfill_max_cycle",
+    "Mean cycle": "backfill_mean_cycle",
+    "Last depth cycle": "backfill_last_depth_cycle",
+    "Depth Mean": "backfill_depth_mean",
+    "Last queue length": "backfill_last_queue_length",
+    "Queue length mean": "backfill_queue_length_mean",
+}
+_RPC_RE = re.compile(r"^\s*(\S+)\s*\(\s*(\d+)\)\s*count:(\d+)\s+ave_time:(\d+)\s+total_time:(\d+)")
+
+
+def parse_sdiag(text: str) -> tuple[Sdiag, int]:
+    """Parse plain ``sdiag`` (22.05 .. 25.x print the same ``Label: value`` lines)."""
+    out = Sdiag()
+    bad = 0
+    section = "top"
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("*"):
+            continue
+        low = line.lower()
+        if low.startswith("main schedule statistics"):
+            section = "main"
+            continue
+        if low.startswith("backfilling stats"):
+            section = "backfill"
+            continue
+        if low.startswith("remote procedure call statistics by message type"):
+            section = "rpc_type"
+            continue
+        if low.startswith("remote procedure call statistics by user"):
+            section = "rpc_user"
+            continue
+        if low.startswith("pending rpc statistics") or low.startswith("latency for"):
+            section = "other"
+            continue
+        if section in ("rpc_type", "rpc_user"):
+            m = _RPC_RE.match(line)
+            if m:
+                target = out.rpc_by_type if section == "rpc_type" else out.rpc_by_user
+                target[m.group(1)] = (float(m.group(3)), float(m.group(4)), float(m.group(5)))
+            continue
+        if ":" not in line:
+            continue
+        label, _, value = line.partition(":")
+        table = {"top": _SDIAG_TOP, "main": _SDIAG_MAIN, "backfill": _SDIAG_BACKFILL}.get(
+            section, {}
+        )
+        key = table.get(label.strip())
+        if key is None:
+            continue
+        number = _float(value.split()[0]) if value.split() else None
+        if number is None:
+            bad += 1
+            continue
+        out.values[key] = number
+    return out, bad
+
+
+def parse_sshare(text: str) -> tuple[list[ShareRow], int]:
+    """Parse ``sshare -a -P -n -o Account,User,RawShares,NormShares,RawUsage,NormUsage,FairShare``.
+
+    Without slurmdbd (no associations) sshare prints nothing and exits 0.
+    """
+    rows: list[ShareRow] = []
+    bad = 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split("|")
+        if len(fields) != 7:
+            bad += 1
+            continue
+        account, user = fields[0].strip(), fields[1].strip()
+        if not account:
+            bad += 1
+            continue
+        rows.append(
+            ShareRow(
+                account=account,
+                user=user,
+                raw_shares=_float(fields[2]),  # "parent" -> None
+                norm_shares=_float(fields[3]),
+                raw_usage=_float(fields[4]),
+                norm_usage=_float(fields[5]),
+                fairshare=_float(fields[6]),
+            )
+        )
+    return rows, bad
+
+
+PARSERS: dict[str, Callable[[str], tuple[object, int]]] = {
+    "sinfo_version": lambda t: (parse_version(t), 0),
+    "sinfo_nodes": parse_sinfo_nodes,
+    "squeue": parse_squeue,
+    "scontrol_jobs": parse_scontrol_jobs,
+    "sdiag": parse_sdiag,
+    "sshare": parse_sshare,
+}
+
+
+# ---------------------------------------------------------------------------------------
+# Metric families and text exposition (pure)
+# ---------------------------------------------------------------------------------------
+
+Labels = tuple[tuple[str, str], ...]
+
+
+@dataclass
+class Family:
+    name: str
+    type: str
+    help: str
+    samples: dict[Labels, float] = field(default_factory=dict)
+
+    def set(self, value: float, **labels: str) -> None:
+        self.samples[tuple(sorted(labels.items()))] = float(value)
+
+    def add(self, value: float, **labels: str) -> None:
+        key = tuple(sorted(labels.items()))
+        self.samples[key] = self.samples.get(key, 0.0) + float(value)
+
+
+class Registry:
+    """Ordered collection of families, created on first use."""
+
+    def __init__(self) -> None:
+        self.families: dict[str, Family] = {}
+
+    def family(self, name: str, help_text: str, mtype: str = "gauge") -> Family:
+        fam = self.families.get(name)
+        if fam is None:
+            fam = self.families[name] = Family(name, mtype, help_text)
+        return fam
+
+    def gauge(self, name: str, help_text: str, value: float, **labels: str) -> None:
+        self.family(name, help_text).set(value, **labels)
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _escape_help(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _format_value(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
+
+
+def render(families: Iterable[Family]) -> str:
+    """Prometheus text exposition format 0.0.4."""
+    out: list[str] = []
+    for fam in families:
+        out.append(f"# HELP {fam.name} {_escape_help(fam.help)}")
+        out.append(f"# TYPE {fam.name} {fam.type}")
+        for labels, value in fam.samples.items():
+            if labels:
+                body = ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels)
+                out.append(f"{fam.name}{{{body}}} {_format_value(value)}")
+            else:
+                out.append(f"{fam.name} {_format_value(value)}")
+    return "\n".join(out) + "\n"
+
+
+def node_state_bucket(state: str) -> str:
+    base = state.lower().rstrip("*~#!%$@^-+")
+    for name, prefixes in NODE_STATE_BUCKETS:
+        if base.startswith(prefixes):
+            return name
+    return "other"
+
+
+def node_unavailable(state: str) -> bool:
+    return state.lower().startswith(UNAVAILABLE_PREFIXES) or state.endswith("*")
+
+
+def _unique_nodes(rows: Iterable[NodeRow]) -> list[NodeRow]:
+    seen: dict[str, NodeRow] = {}
+    for row in rows:
+        seen.setdefault(row.node, row)
+    return list(seen.values())
+
+
+def add_node_metrics(reg: Registry, rows: list[NodeRow]) -> None:
+    """Node, partition, cluster CPU/memory/GPU metrics from sinfo -N rows."""
+    for row in rows:
+        lab = {"node": row.node, "status": row.state, "partition": row.partition}
+        reg.gauge("slurm_node_cpu_alloc", "Allocated CPUs per node", row.cpu_alloc, **lab)
+        reg.gauge("slurm_node_cpu_idle", "Idle CPUs per node", row.cpu_idle, **lab)
+        reg.gauge("slurm_node_cpu_other", "Other CPUs per node", row.cpu_other, **lab)
+        reg.gauge("slurm_node_cpu_total", "Total CPUs per node", row.cpu_total, **lab)
+        reg.gauge("slurm_node_mem_alloc", "Allocated memory per node (MB)", row.mem_alloc, **lab)
+        reg.gauge("slurm_node_mem_total", "Total memory per node (MB)", row.mem_total, **lab)
+        reg.gauge("slurm_node_status", "Node state per partition (always 1)", 1, **lab)
+        used = {g.gres_type: g.count for g in row.gres_used}
+        for g in row.gres:
+            glab = {**lab, "gres_type": g.gres_type}
+            reg.gauge("slurm_node_gres_total", "Configured GRES per node", g.count, **glab)
+            reg.gauge(
+                "slurm_node_gres_used", "Allocated GRES per node", used.get(g.gres_type, 0), **glab
+            )
+
+    part_names = sorted({r.partition for r in rows})
+    for part in part_names:
+        prows = [r for r in rows if r.partition == part]
+        buckets = dict.fromkeys(NODE_STATE_NAMES, 0)
+        for r in prows:
+            buckets[node_state_bucket(r.state)] += 1
+        for bucket, count in buckets.items():
+            reg.gauge(f"slurm_nodes_{bucket}", f"Nodes in state {bucket}", count, partition=part)
+        reg.gauge(
+            "slurm_partition_cpus_allocated",
+            "Allocated CPUs for partition",
+            sum(r.cpu_alloc for r in prows),
+            partition=part,
+        )
+        reg.gauge(
+            "slurm_partition_cpus_idle",
+            "Idle CPUs for partition",
+            sum(r.cpu_idle for r in prows),
+            partition=part,
+        )
+        reg.gauge(
+            "slurm_partition_cpus_other",
+            "Other CPUs for partition",
+            sum(r.cpu_other for r in prows),
+            partition=part,
+        )
+        reg.gauge(
+            "slurm_partition_cpus_total",
+            "Total CPUs for partition",
+            sum(r.cpu_total for r in prows),
+            partition=part,
+        )
+        g_alloc = sum(gpu_count(r.gres_used) for r in prows)
+        g_total = sum(gpu_count(r.gres) for r in prows)
+        g_other = sum(
+            max(0, gpu_count(r.gres) - gpu_count(r.gres_used))
+            for r in prows
+            if node_unavailable(r.state)
+        )
+        reg.gauge(
+            "slurm_partition_gpus_allocated",
+            "Allocated GPUs for partition",
+            g_alloc,
+            partition=part,
+        )
+        reg.gauge(
+            "slurm_partition_gpus_idle",
+            "Idle GPUs (on available nodes) for partition",
+            max(0, g_total - g_alloc - g_other),
+            partition=part,
+        )
+
+    nodes = _unique_nodes(rows)
+    reg.gauge("slurm_nodes_total", "Total number of nodes", len(nodes))
+    reg.gauge("slurm_cpus_alloc", "Allocated CPUs", sum(r.cpu_alloc for r in nodes))
+    reg.gauge("slurm_cpus_idle", "Idle CPUs", sum(r.cpu_idle for r in nodes))
+    reg.gauge("slurm_cpus_other", "Other CPUs", sum(r.cpu_other for r in nodes))
+    reg.gauge("slurm_cpus_total", "Total CPUs", sum(r.cpu_total for r in nodes))
+    g_alloc = sum(gpu_count(r.gres_used) for r in nodes)
+    g_total = sum(gpu_count(r.gres) for r in nodes)
+    g_other = sum(
+        max(0, gpu_count(r.gres) - gpu_count(r.gres_used))
+        for r in nodes
+        if node_unavailable(r.state)
+    )
+    reg.gauge("slurm_gpus_alloc", "Allocated GPUs", g_alloc)
+    reg.gauge(
+        "slurm_gpus_idle", "Idle GPUs on available nodes", max(0, g_total - g_alloc - g_other)
+    )
+    reg.gauge("slurm_gpus_other", "Unallocated GPUs on unavailable nodes", g_other)
+    reg.gauge("slurm_gpus_total", "Total GPUs", g_total)
+    reg.gauge(
+        "slurm_gpus_utilization", "Allocated GPUs / total GPUs", g_alloc / g_total if g_total else 0
+    )
+
+    for row in nodes:
+        if row.reason is None:
+            continue
+        reg.gauge(
+            "slurm_node_state_reason_info",
+            "Node with a reason set (drained, down, ...); always 1",
+            1,
+            node=row.node,
+            state=row.state,
+            reason=row.reason,
+        )
+        reg.gauge(
+            "slurm_node_drain_reason_info",
+            "Drain/down reason of a node; always 1",
+            1,
+            node=row.node,
+            reason=row.reason,
+        )
+        if row.reason_timestamp is not None:
+            reg.gauge(
+                "slurm_node_drain_since_timestamp_seconds",
+                "Unix time at which the node reason was set",
+                row.reason_timestamp,
+                node=row.node,
+            )
+
+
+def add_queue_metrics(reg: Registry, rows: list[QueueRow]) -> None:
+    """Job counts by state, partition, user, account, pending reason (from squeue)."""
+    totals = {suffix: 0 for suffix in JOB_STATES.values()}
+    cores_running = cores_pending = 0
+    for row in rows:
+        suffix = JOB_STATES.get(row.state)
+        if suffix is None:
+            continue
+        totals[suffix] += 1
+        if suffix == "running":
+            cores_running += row.cpus
+        elif suffix == "pending":
+            cores_pending += row.cpus
+        for part in row.partitions:
+            lab = {"user": row.user, "partition": part}
+            if suffix == "pending":
+                lab["reason"] = row.reason
+            reg.family(f"slurm_queue_{suffix}", f"Jobs in state {suffix}").add(1, **lab)
+            reg.family(f"slurm_cores_{suffix}", f"CPUs of jobs in state {suffix}").add(
+                row.cpus, **lab
+            )
+            if suffix in ("pending", "running"):
+                reg.family(
+                    f"slurm_partition_jobs_{suffix}", f"{suffix.capitalize()} jobs for partition"
+                ).add(1, partition=part)
+        if suffix == "pending":
+            reg.family("slurm_jobs_pending_by_reason", "Pending jobs by reason").add(
+                1, reason=row.reason
+            )
+        if suffix in ("pending", "running", "suspended"):
+            reg.family(
+                f"slurm_account_jobs_{suffix}", f"{suffix.capitalize()} jobs for account"
+            ).add(1, account=row.account)
+            reg.family(f"slurm_user_jobs_{suffix}", f"{suffix.capitalize()} jobs for user").add(
+                1, user=row.user
+            )
+        if suffix == "running":
+            reg.family("slurm_account_cpus_running", "Running CPUs for account").add(
+                row.cpus, account=row.account
+            )
+            reg.family("slurm_user_cpus_running", "Running CPUs for user").add(
+                row.cpus, user=row.user
+            )
+    for suffix, count in totals.items():
+        reg.gauge(f"slurm_jobs_{suffix}", f"Total jobs in state {suffix}", count)
+    reg.gauge("slurm_jobs_cores_running", "Total CPUs of running jobs", cores_running)
+    reg.gauge("slurm_jobs_cores_pending", "Total CPUs requested by pending jobs", cores_pending)
+
+
+def add_job_gpu_metrics(reg: Registry, jobs: list[JobDetail], max_series: int) -> int:
+    """Per running job per node GPU series, capped. Returns the number of (job, node) dropped."""
+    running = [j for j in jobs if j.state == "RUNNING" and j.allocations]
+    running.sort(key=lambda j: (int(j.job_id), j.job_id))
+    alloc_fam = reg.family("slurm_job_gpus_allocated", "GPUs allocated to a running job on a node")
+    index_fam = reg.family(
+        "slurm_job_gpu_index_info", "GPU index (Slurm gres.conf order) held by a job; always 1"
+    )
+    emitted = dropped = 0
+    for job in running:
+        reg.family("slurm_account_gpus_running", "Running GPUs for account").add(
+            job.gpus, account=job.account
+        )
+        reg.family("slurm_user_gpus_running", "Running GPUs for user").add(job.gpus, user=job.user)
+        for alloc in job.allocations:
+            if emitted >= max_series:
+                dropped += 1
+                continue
+            emitted += 1
+            alloc_fam.set(
+                alloc.gpus,
+                job_id=job.job_id,
+                user=job.user,
+                account=job.account,
+                partition=job.partition,
+                node=alloc.node,
+            )
+            for idx in alloc.indices:
+                index_fam.set(1, job_id=job.job_id, node=alloc.node, gpu=str(idx))
+    reg.gauge("slurm_exporter_job_series", "Running (job, node) pairs exported", emitted)
+    return dropped
+
+
+def add_sdiag_metrics(reg: Registry, sd: Sdiag) -> None:
+    v = sd.values
+    gauges = {
+        "slurm_scheduler_threads": ("threads", "Number of scheduler threads"),
+        "slurm_scheduler_queue_size": ("queue_size", "Length of the scheduler (agent) queue"),
+        "slurm_scheduler_dbd_queue_size": ("dbd_queue_size", "Length of the DBD agent queue"),
+        "slurm_scheduler_last_cycle": ("last_cycle", "Last scheduler cycle time (microseconds)"),
+        "slurm_scheduler_mean_cycle": ("mean_cycle", "Mean scheduler cycle time (microseconds)"),
+        "slurm_scheduler_cycle_per_minute": ("cycle_per_minute", "Scheduler cycles per minute"),
+        "slurm_scheduler_backfill_last_cycle": (
+            "backfill_last_cycle",
+            "Last backfill cycle time (microseconds)",
+        ),
+        "slurm_scheduler_backfill_mean_cycle": (
+            "backfill_mean_cycle",
+            "Mean backfill cycle time (microseconds)",
+        ),
+        "slurm_scheduler_backfill_depth_mean": ("backfill_depth_mean", "Mean backfill depth"),
+        "slurm_scheduler_jobs_submitted": ("jobs_submitted", "Jobs submitted since stats reset"),
+        "slurm_scheduler_jobs_started": ("jobs_started", "Jobs started since stats reset"),
+        "slurm_scheduler_jobs_completed": ("jobs_completed", "Jobs completed since stats reset"),
+        "slurm_scheduler_jobs_canceled": ("jobs_canceled", "Jobs canceled since stats reset"),
+        "slurm_scheduler_jobs_failed": ("jobs_failed", "Jobs failed since stats reset"),
+    }
+    for name, (key, help_text) in gauges.items():
+        if key in v:
+            reg.gauge(name, help_text, v[key])
+    counters = {
+        "slurm_scheduler_backfilled_jobs_since_start_total": (
+            "backfilled_jobs_since_start",
+            "Jobs started by backfill since slurmctld start",
+        ),
+        "slurm_scheduler_backfilled_jobs_since_cycle_total": (
+            "backfilled_jobs_since_cycle",
+            "Jobs started by backfill since the last stats cycle",
+        ),
+        "slurm_scheduler_backfilled_heterogeneous_total": (
+            "backfilled_heterogeneous",
+            "Heterogeneous job components started by backfill",
+        ),
+    }
+    for name, (key, help_text) in counters.items():
+        if key in v:
+            reg.family(name, help_text, "counter").set(v[key])
+    for op, (count, avg, total) in sorted(sd.rpc_by_type.items()):
+        reg.gauge("slurm_rpc_stats", "RPC count by message type", count, operation=op)
+        reg.gauge("slurm_rpc_stats_avg_time", "RPC average time (microseconds)", avg, operation=op)
+        reg.gauge(
+            "slurm_rpc_stats_total_time", "RPC total time (microseconds)", total, operation=op
+        )
+    for user, (count, avg, total) in sorted(sd.rpc_by_user.items()):
+        reg.gauge("slurm_user_rpc_stats", "RPC count by user", count, user=user)
+        reg.gauge("slurm_user_rpc_stats_avg_time", "RPC average time by user", avg, user=user)
+        reg.gauge("slurm_user_rpc_stats_total_time", "RPC total time by user", total, user=user)
+
+
+def add_sshare_metrics(reg: Registry, rows: list[ShareRow]) -> None:
+    for row in rows:
+        if row.raw_shares is None and row.fairshare is None:
+            continue  # "parent" lines
+        if row.user:
+            prefix, lab = "slurm_user_fairshare", {"account": row.account, "user": row.user}
+        else:
+            prefix, lab = "slurm_account_fairshare", {"account": row.account}
+        for suffix, value in (
+            ("", row.fairshare),
+            ("_raw_shares", row.raw_shares),
+            ("_norm_shares", row.norm_shares),
+            ("_raw_usage_cpu_seconds", row.raw_usage),
+            ("_norm_usage", row.norm_usage),
+        ):
+            if value is not None:
+                reg.gauge(
+                    prefix + suffix, f"sshare {suffix.strip('_') or 'fairshare'}", value, **lab
+                )
+
+
+@dataclass
+class CommandStatus:
+    """What the exporter knows about one command, kept across cycles."""
+
+    duration: float = 0.0
+    success: bool = False
+    last_success: float | None = None
+    result: object = None
+    errors: dict[str, int] = field(default_factory=dict)
+    parse_errors: int = 0
+
+
+def build_families(
+    status: Mapping[str, CommandStatus],
+    now: float,
+    max_stale: float,
+    max_job_series: int,
+    dropped_total: int,
+    last_collect: float | None,
+    collect_duration: float,
+) -> tuple[list[Family], int]:
+    """All families for one snapshot. Returns (families, dropped series in this snapshot)."""
+    reg = Registry()
+
+    def fresh(name: str) -> object:
+        st = status.get(name)
+        if st is None or st.result is None or st.last_success is None:
+            return None
+        if name in NEVER_STALE and not st.success:
+            return None
+        if now - st.last_success > max_stale:
+            return None
+        return st.result
+
+    up = all(status.get(c) is not None and status[c].success for c in UP_COMMANDS)
+    reg.gauge("slurm_up", "1 if the last collection reached slurmctld (sinfo and squeue)", int(up))
+
+    version = fresh("sinfo_version")
+    if isinstance(version, str):
+        reg.gauge("slurm_info", "Slurm version", 1, type="general", version=version)
+    nodes = fresh("sinfo_nodes")
+    if isinstance(nodes, list):
+        add_node_metrics(reg, nodes)
+    queue = fresh("squeue")
+    if isinstance(queue, list):
+        add_queue_metrics(reg, queue)
+    dropped = 0
+    jobs = fresh("scontrol_jobs")
+    if isinstance(jobs, list):
+        dropped = add_job_gpu_metrics(reg, jobs, max_job_series)
+    sd = fresh("sdiag")
+    if isinstance(sd, Sdiag):
+        add_sdiag_metrics(reg, sd)
+    shares = fresh("sshare")
+    if isinstance(shares, list):
+        add_sshare_metrics(reg, shares)
+
+    for name, st in sorted(status.items()):
+        reg.gauge(
+            "slurm_exporter_command_duration_seconds",
+            "Wall time of the last run of a Slurm command",
+            round(st.duration, 6),
+            command=name,
+        )
+        reg.gauge(
+            "slurm_exporter_command_success",
+            "1 if the last run of a Slurm command succeeded",
+            int(st.success),
+            command=name,
+        )
+        if st.last_success is not None:
+            reg.gauge(
+                "slurm_exporter_command_last_success_timestamp_seconds",
+                "Unix time of the last successful run of a Slurm command",
+                st.last_success,
+                command=name,
+            )
+        for reason, count in sorted(st.errors.items()):
+            reg.family(
+                "slurm_exporter_command_errors_total",
+                "Failed runs of a Slurm command by reason",
+                "counter",
+            ).set(count, command=name, reason=reason)
+        reg.family(
+            "slurm_exporter_parse_errors_total",
+            "Output lines of a Slurm command that could not be parsed",
+            "counter",
+        ).set(st.parse_errors, command=name)
+    reg.family(
+        "slurm_exporter_job_series_dropped_total",
+        "Per-job (job, node) series not exported because of --max-job-series",
+        "counter",
+    ).set(dropped_total + dropped)
+    if last_collect is not None:
+        reg.gauge(
+            "slurm_exporter_last_collect_timestamp_seconds",
+            "Unix time the last collection finished",
+            last_collect,
+        )
+    reg.gauge(
+        "slurm_exporter_collect_duration_seconds",
+        "Wall time of the last collection",
+        round(collect_duration, 6),
+    )
+    return list(reg.families.values()), dropped
+
+
+# ---------------------------------------------------------------------------------------
+# Glue: running commands, the collector thread, the HTTP server
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    stdout: str
+    duration: float
+    error: str | None  # None on success; else timeout, not_found, exit_code, exec_error
+
+
+def run_command(
+    argv: list[str], timeout: float, env: Mapping[str, str] | None = None
+) -> CommandResult:
+    """Run a command in its own process group; kill the whole group on timeout."""
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            env=dict(env) if env is not None else None,
+        )
+    except FileNotFoundError:
+        return CommandResult("", time.monotonic() - start, "not_found")
+    except OSError as exc:
+        LOG.warning("cannot run %s: %s", argv[0], exc)
+        return CommandResult("", time.monotonic() - start, "exec_error")
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            proc.communicate(timeout=2)
+        except subprocess.TimeoutExpired:
+            # A grandchild kept the pipes open outside the process group: give up on it.
+            proc.kill()
+        LOG.warning("%s timed out after %.1fs", " ".join(argv[:3]), timeout)
+        return CommandResult("", time.monotonic() - start, "timeout")
+    duration = time.monotonic() - start
+    if proc.returncode != 0:
+        LOG.warning(
+            "%s exited %d: %s",
+            " ".join(argv[:3]),
+            proc.returncode,
+            err.decode("utf-8", "replace").strip()[:300],
+        )
+        return CommandResult(out.decode("utf-8", "replace"), duration, "exit_code")
+    return CommandResult(out.decode("utf-8", "replace"), duration, None)
+
+
+Runner = Callable[[list[str], float], CommandResult]
+
+
+class Collector:
+    """Runs the Slurm commands concurrently and keeps the latest exposition snapshot."""
+
+    def __init__(
+        self,
+        command_timeout: float = 10.0,
+        max_job_series: int = 5000,
+        max_stale: float = 300.0,
+        bin_dir: str | None = None,
+        runner: Runner | None = None,
+        commands: Mapping[str, list[str]] | None = None,
+    ) -> None:
+        self.command_timeout = command_timeout
+        self.max_job_series = max_job_series
+        self.max_stale = max_stale
+        self.commands = dict(commands or COMMANDS)
+        if bin_dir:
+            self.commands = {
+                k: [os.path.join(bin_dir, v[0]), *v[1:]] for k, v in self.commands.items()
+            }
+        env = dict(os.environ)
+        env["SLURM_TIME_FORMAT"] = "standard"
+        self._env = env
+        self.runner: Runner = runner or (lambda argv, t: run_command(argv, t, self._env))
+        self.status: dict[str, CommandStatus] = {k: CommandStatus() for k in self.commands}
+        self.dropped_total = 0
+        self.last_collect: float | None = None
+        self.collect_duration = 0.0
+        self._lock = threading.Lock()
+        self._snapshot = render(
+            build_families(self.status, time.time(), max_stale, max_job_series, 0, None, 0.0)[0]
+        ).encode()
+
+    def _run_one(self, name: str) -> None:
+        argv = self.commands[name]
+        st = self.status[name]
+        try:
+            res = self.runner(argv, self.command_timeout)
+        except Exception:  # the runner must never take the exporter down
+            LOG.exception("running %s failed", name)
+            res = CommandResult("", 0.0, "exec_error")
+        st.duration = res.duration
+        error = res.error
+        result: object = None
+        if error is None:
+            try:
+                result, bad = PARSERS[name](res.stdout)
+            except Exception:
+                LOG.exception("parsing %s output failed", name)
+                result, bad, error = None, 0, "parse"
+            else:
+                st.parse_errors += bad
+                if bad and isinstance(result, list) and not result:
+                    error = "parse"  # output present but not one usable line
+                elif result is None and name == "sinfo_version":
+                    error = "parse"
+        if error is None:
+            st.success = True
+            st.last_success = time.time()
+            st.result = result
+        else:
+            st.success = False
+            st.errors[error] = st.errors.get(error, 0) + 1
+
+    def collect(self) -> bytes:
+        """One collection cycle; returns (and stores) the new snapshot. Never raises."""
+        start = time.monotonic()
+        with ThreadPoolExecutor(max_workers=len(self.commands)) as pool:
+            list(pool.map(self._run_one, self.commands))
+        self.collect_duration = time.monotonic() - start
+        self.last_collect = time.time()
+        try:
+            families, dropped = build_families(
+                self.status,
+                self.last_collect,
+                self.max_stale,
+                self.max_job_series,
+                self.dropped_total,
+                self.last_collect,
+                self.collect_duration,
+            )
+            self.dropped_total += dropped
+            body = render(families).encode()
+        except Exception:
+            LOG.exception("building metrics failed")
+            body = b"# building metrics failed\nslurm_up 0\n"
+        with self._lock:
+            self._snapshot = body
+        return body
+
+    def snapshot(self) -> bytes:
+        with self._lock:
+            return self._snapshot
+
+    def loop(self, interval: float, stop: threading.Event) -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            self.collect()
+            stop.wait(max(1.0, interval - (time.monotonic() - started)))
+
+
+INDEX_HTML = b"""<html><head><title>gpufleet Slurm exporter</title></head>
+<body><h1>gpufleet Slurm exporter</h1><p><a href="/metrics">Metrics</a></p></body></html>
+"""
+
+
+def make_handler(collector: Collector) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = f"gpufleet_slurm_exporter/{__version__}"
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._send(200, "text/plain; version=0.0.4; charset=utf-8", collector.snapshot())
+            elif path == "/":
+                self._send(200, "text/html; charset=utf-8", INDEX_HTML)
+            else:
+                self._send(404, "text/plain; charset=utf-8", b"not found\n")
+
+        def _send(self, code: int, ctype: str, body: bytes) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            LOG.debug("%s " + format, self.address_string(), *args)
+
+    return Handler
+
+
+def parse_listen_address(addr: str) -> tuple[str, int]:
+    """``:9341`` -> ("", 9341); ``127.0.0.1:9341``; ``[::1]:9341``."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"bad listen address {addr!r} (want host:port)")
+    return host.strip("[]"), int(port)
+
+
+def make_server(addr: str, collector: Collector) -> ThreadingHTTPServer:
+    host, port = parse_listen_address(addr)
+
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    return Server((host, port), make_handler(collector))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--listen-address", default=":9341", help="host:port (default :9341)")
+    p.add_argument("--collect-interval", type=float, default=30.0, help="seconds (default 30)")
+    p.add_argument(
+        "--command-timeout", type=float, default=10.0, help="per command, seconds (default 10)"
+    )
+    p.add_argument(
+        "--max-job-series",
+        type=int,
+        default=5000,
+        help="cap on exported (running job, node) pairs (default 5000)",
+    )
+    p.add_argument(
+        "--max-stale",
+        type=float,
+        default=300.0,
+        help="serve a failed command's last good values this long (default 300 s)",
+    )
+    p.add_argument("--slurm-bin-dir", default=None, help="directory of the Slurm commands")
+    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--version", action="version", version=__version__)
+    args = p.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    collector = Collector(
+        command_timeout=args.command_timeout,
+        max_job_series=args.max_job_series,
+        max_stale=args.max_stale,
+        bin_dir=args.slurm_bin_dir,
+    )
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=collector.loop, args=(args.collect_interval, stop), name="collector", daemon=True
+    )
+    try:
+        server = make_server(args.listen_address, collector)
+    except (OSError, ValueError) as exc:
+        LOG.error("cannot listen on %s: %s", args.listen_address, exc)
+        return 2
+
+    def _stop(signum: int, _frame: object) -> None:
+        LOG.info("signal %d, shutting down", signum)
+        stop.set()
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    thread.start()
+    LOG.info("listening on %s", args.listen_address)
+    server.serve_forever()
+    server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""Shared helpers for the Slurm exporter tests (the exporter is a single stdlib file)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+EXPORTER = ROOT / "roles" / "slurm_exporter" / "files" / "gpufleet_slurm_exporter.py"
+FIXTURES = ROOT / "tests" / "fixtures" / "slurm"
+
+# fixture file name for each exporter command name
+FILES = {
+    "sinfo_version": "sinfo_version.txt",
+    "sinfo_nodes": "sinfo_nodes.txt",
+    "squeue": "squeue.txt",
+    "scontrol_jobs": "scontrol_jobs.txt",
+    "sdiag": "sdiag.txt",
+    "sshare": "sshare.txt",
+}
+# the Slurm binary each command runs
+BINARIES = {"sinfo", "squeue", "scontrol", "sdiag", "sshare"}
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("gpufleet_slurm_exporter", EXPORTER)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gpufleet_slurm_exporter"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+exp = _load()
+
+
+@pytest.fixture
+def ex():
+    return exp
+
+
+def fixture_text(*parts: str) -> str:
+    return FIXTURES.joinpath(*parts).read_text()
+
+
+def write_fake_slurm(bin_dir: Path, fixture_dir: Path, overrides: dict[str, str] | None = None):
+    """Fake sinfo/squeue/scontrol/sdiag/sshare that cat the capture matching their arguments.
+
+    ``overrides`` maps a binary name to a whole shell script body.
+    """
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    overrides = overrides or {}
+    scripts = {
+        "sinfo": f"""case "$1" in
+  --version) cat '{fixture_dir}/sinfo_version.txt' ;;
+  *) cat '{fixture_dir}/sinfo_nodes.txt' ;;
+esac""",
+        "squeue": f"cat '{fixture_dir}/squeue.txt'",
+        "scontrol": f"cat '{fixture_dir}/scontrol_jobs.txt'",
+        "sdiag": f"cat '{fixture_dir}/sdiag.txt'",
+        "sshare": f"cat '{fixture_dir}/sshare.txt'",
+    }
+    scripts.update(overrides)
+    for name, body in scripts.items():
+        path = bin_dir / name
+        path.write_text("#!/bin/sh\n" + body + "\n")
+        path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return bin_dir
+
+
+def metric_samples(text: str) -> dict[str, float]:
+    """exposition text -> {'name{labels}': value} (labels as rendered)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        out[key] = float(value)
+    return out
+
+
+@pytest.fixture
+def fake_path(monkeypatch, tmp_path):
+    """Put a directory first on PATH and return it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    return bin_dir
