@@ -1,0 +1,152 @@
+"""Ansible inventory plugin ``gpufleet``: a thin adapter over the ``gpufleet`` package."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ansible.errors import AnsibleParserError
+from ansible.plugins.inventory import BaseInventoryPlugin, Constructable
+
+try:
+    from gpufleet.inventory import build_inventory
+    from gpufleet.nodelist import NodeListError, parse_node_list
+except ImportError:  # running from a checkout without `pip install -e .`
+    sys.path.insert(
+        0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "src")
+    )
+    from gpufleet.inventory import build_inventory
+    from gpufleet.nodelist import NodeListError, parse_node_list
+
+DOCUMENTATION = r"""
+    name: gpufleet
+    short_description: GPU cluster node list to hosts, groups and Prometheus shards
+    description:
+        - Reads a C(*.gpufleet.yml) node list of compute C(nodes) and C(servers) written as Slurm
+          hostlist expressions, optionally the C(NodeName=) lines of a C(slurm.conf).
+        - Produces one host per node with C(ansible_host), C(gpufleet_*) variables (shard, rack,
+          partitions, GPU vendor/model/count, collector, expected series, target labels),
+          groups per role, vendor, model, collector, rack, partition and Prometheus shard, and the
+          monitoring groups C(prometheus), C(prometheus_global), C(alertmanager), C(grafana),
+          C(loki), C(slurm_controller).
+        - Shards come from weighted rendezvous hashing with a bounded-load correction, so the
+          heaviest shard carries at most C(max_imbalance) times the mean expected series.
+        - Any invalid input fails the whole source with one line (file, key, problem).
+        - The contract is documented in docs/inventory.md.
+    options:
+        plugin:
+            description: Token that marks the file as a gpufleet node list.
+            required: true
+            choices: ['gpufleet']
+        cluster:
+            description:
+                - Required. Cluster name; the C(cluster) label on every series.
+                - gpufleet validates this and the keys below itself, so that errors name the
+                  entry and key (for example C(nodes[2].gpu.count)).
+            type: raw
+        nodes:
+            description:
+                - Compute node entries. Keys C(hosts) (hostlist, required), C(address) (may use
+                  C({name}) and C({num})), C(rack), C(partition), C(gpu) (C(vendor), C(model),
+                  C(count)), C(gpu_collector) (C(smi) or C(dcgm)), C(cpus), C(expected_series),
+                  C(labels), C(vars).
+                - Required, a list of mappings.
+            type: raw
+        servers:
+            description:
+                - Non-compute hosts (login, monitoring, Slurm controller), entries like
+                  C(nodes) without C(gpu) and C(gpu_collector).
+            type: raw
+        monitoring:
+            description:
+                - C(shards), C(replicas), C(sharding) (C(balanced) or C(rack)), C(max_imbalance),
+                  C(pin), and the host lists C(prometheus_hosts), C(global_hosts),
+                  C(alertmanager_hosts), C(grafana_hosts), C(loki_hosts).
+            type: raw
+        slurm:
+            description:
+                - C(controller_hosts), C(conf) (a slurm.conf path relative to this file) and
+                  C(node_defaults).
+            type: raw
+    extends_documentation_fragment:
+        - constructed
+"""
+
+EXAMPLES = r"""
+# inventories/prod/nodes.gpufleet.yml
+plugin: gpufleet
+cluster: hpc-a
+nodes:
+  - hosts: "gpu[001-064]"
+    address: "10.1.0.{num}"
+    rack: r01
+    partition: [gpu, debug]
+    gpu: {vendor: nvidia, model: H100, count: 8}
+    gpu_collector: dcgm
+    cpus: 224
+servers:
+  - hosts: "mon[01-02]"
+    address: "10.1.9.{num}"
+monitoring:
+  shards: 2
+  replicas: 2
+  prometheus_hosts: "mon[01-02]"
+  global_hosts: "mon[01-02]"
+  alertmanager_hosts: "mon[01-02]"
+  grafana_hosts: mon01
+  loki_hosts: mon02
+# constructed options work as in core plugins
+keyed_groups:
+  - key: gpufleet_gpu_model
+    prefix: model
+compose:
+  node_exporter_port: 9100
+"""
+
+CONFIG_SUFFIXES = ("gpufleet.yml", "gpufleet.yaml")
+
+
+class InventoryModule(BaseInventoryPlugin, Constructable):
+    NAME = "gpufleet"
+
+    def verify_file(self, path):
+        return super().verify_file(path) and path.endswith(CONFIG_SUFFIXES)
+
+    def parse(self, inventory, loader, path, cache=True):
+        super().parse(inventory, loader, path, cache)
+        config = self._read_config_data(path)
+        try:
+            plan = build_inventory(parse_node_list(config, path))
+        except NodeListError as err:
+            raise AnsibleParserError(str(err)) from err
+        self._populate(plan)
+
+    def _populate(self, plan):
+        inventory = self.inventory
+        for group in plan.groups:
+            inventory.add_group(group)
+        for group, variables in plan.group_vars.items():
+            for name, value in variables.items():
+                inventory.set_variable(group, name, value)
+        for host, variables in plan.host_vars.items():
+            inventory.add_host(host)
+            for name, value in variables.items():
+                inventory.set_variable(host, name, value)
+        for group, hosts in plan.groups.items():
+            for host in hosts:
+                inventory.add_child(group, host)
+        self._construct(plan.host_vars)
+
+    def _construct(self, host_vars):
+        compose = self.get_option("compose")
+        groups = self.get_option("groups")
+        keyed_groups = self.get_option("keyed_groups")
+        if not (compose or groups or keyed_groups):
+            return  # nothing to template: skip 3 calls per host on big clusters
+        strict = self.get_option("strict")
+        for host, variables in host_vars.items():
+            # compose first, so that groups and keyed_groups can use the composed vars
+            self._set_composite_vars(compose, variables, host, strict=strict)
+            merged = self.inventory.get_host(host).get_vars()
+            self._add_host_to_composed_groups(groups, merged, host, strict=strict)
+            self._add_host_to_keyed_groups(keyed_groups, merged, host, strict=strict)

@@ -1,0 +1,179 @@
+"""``gpufleet`` command: review the shard plan before a rollout.
+
+    gpufleet plan INVENTORY [--shards N] [--json]
+    gpufleet plan --diff OLD NEW [--shards N] [--json]
+
+INVENTORY, OLD and NEW are node list files or inventory directories holding one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from gpufleet import hostlist
+from gpufleet.inventory import plan_shards, shard_table
+from gpufleet.nodelist import NodeList, NodeListError, load_node_list
+from gpufleet.sharding import diff_assignments, imbalance
+
+EXIT_OK = 0
+EXIT_INVALID = 2
+NODE_LIST_SUFFIXES = (".gpufleet.yml", ".gpufleet.yaml")
+
+
+def find_node_list(path: str) -> str:
+    """A node list file, or the single ``*.gpufleet.yml`` inside a directory."""
+    if not os.path.isdir(path):
+        return path
+    found = sorted(name for name in os.listdir(path) if name.endswith(NODE_LIST_SUFFIXES))
+    if len(found) != 1:
+        what = "no" if not found else f"{len(found)}"
+        raise NodeListError(path, "", f"{what} *.gpufleet.yml files found; name one")
+    return os.path.join(path, found[0])
+
+
+def load(path: str, shards: int | None) -> NodeList:
+    node_list = load_node_list(find_node_list(path))
+    if shards is None:
+        return node_list
+    if shards < 1:
+        raise NodeListError(path, "--shards", f"must be >= 1, got {shards}")
+    out_of_range = {host: s for host, s in node_list.monitoring.pin.items() if s >= shards}
+    if out_of_range:
+        host, shard = next(iter(out_of_range.items()))
+        raise NodeListError(path, f"monitoring.pin.{host}", f"shard {shard} does not exist")
+    return replace(node_list, monitoring=replace(node_list.monitoring, shards=shards))
+
+
+def plan_report(node_list: NodeList) -> dict[str, Any]:
+    shard_of = plan_shards(node_list)
+    rows = shard_table(node_list, shard_of)
+    monitoring = node_list.monitoring
+    return {
+        "cluster": node_list.cluster,
+        "file": node_list.file,
+        "hosts": len(node_list.hosts),
+        "gpus": sum(host.gpu_count for host in node_list.hosts),
+        "series": sum(host.expected_series for host in node_list.hosts),
+        "shards": monitoring.shards,
+        "replicas": monitoring.replicas,
+        "sharding": monitoring.sharding,
+        "max_imbalance": monitoring.max_imbalance,
+        "imbalance": round(imbalance(row["series"] for row in rows), 4),
+        "shard_table": rows,
+        "assignment": shard_of,
+    }
+
+
+def format_plan(report: dict[str, Any]) -> str:
+    lines = [
+        f"cluster {report['cluster']}: {report['hosts']} hosts, {report['gpus']} GPUs, "
+        f"{report['series']:,} expected series",
+        f"{report['shards']} shard(s) x {report['replicas']} replica(s), "
+        f"sharding: {report['sharding']}",
+        "",
+        f"{'shard':>5}  {'hosts':>6}  {'gpus':>6}  {'series':>11}  {'share':>6}",
+    ]
+    total = report["series"] or 1
+    for row in report["shard_table"]:
+        lines.append(
+            f"{row['shard']:>5}  {row['hosts']:>6}  {row['gpus']:>6}  {row['series']:>11,}  "
+            f"{100 * row['series'] / total:>5.1f}%"
+        )
+    verdict = "ok" if report["imbalance"] <= report["max_imbalance"] + 1e-9 else "OVER LIMIT"
+    lines += [
+        "",
+        f"imbalance: {report['imbalance']:.3f} (heaviest shard / mean; limit "
+        f"{report['max_imbalance']:.2f}, {verdict})",
+    ]
+    return "\n".join(lines)
+
+
+def diff_report(old: NodeList, new: NodeList) -> dict[str, Any]:
+    old_report, new_report = plan_report(old), plan_report(new)
+    moves = diff_assignments(old_report["assignment"], new_report["assignment"])
+    moved = [m for m in moves if m.old_shard is not None and m.new_shard is not None]
+    kept_hosts = sum(1 for host in old_report["assignment"] if host in new_report["assignment"])
+    return {
+        "old": {k: v for k, v in old_report.items() if k != "assignment"},
+        "new": {k: v for k, v in new_report.items() if k != "assignment"},
+        "moved": [{"host": m.host, "from": m.old_shard, "to": m.new_shard} for m in moved],
+        "added": [{"host": m.host, "to": m.new_shard} for m in moves if m.old_shard is None],
+        "removed": [{"host": m.host, "from": m.old_shard} for m in moves if m.new_shard is None],
+        "moved_fraction": round(len(moved) / kept_hosts, 4) if kept_hosts else 0.0,
+    }
+
+
+def grouped(items: list[dict[str, Any]], keys: tuple[str, ...]) -> list[tuple[tuple, str]]:
+    """Group hosts by the given keys and compress each group into a hostlist."""
+    groups: dict[tuple, list[str]] = {}
+    for item in items:
+        groups.setdefault(tuple(item[k] for k in keys), []).append(item["host"])
+    return [(key, hostlist.compress(hosts)) for key, hosts in sorted(groups.items())]
+
+
+def shorten(text: str, width: int = 64) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def format_diff(report: dict[str, Any]) -> str:
+    old, new = report["old"], report["new"]
+    lines = [
+        f"old: {old['hosts']} hosts on {old['shards']} shard(s), imbalance {old['imbalance']:.3f}",
+        f"new: {new['hosts']} hosts on {new['shards']} shard(s), imbalance {new['imbalance']:.3f}",
+        f"{len(report['moved'])} host(s) move ({100 * report['moved_fraction']:.1f}% of the hosts "
+        f"in both), {len(report['added'])} added, {len(report['removed'])} removed",
+    ]
+    if report["moved"]:
+        lines += ["", "moves:"]
+        for (source, target), hosts in grouped(report["moved"], ("from", "to")):
+            lines.append(f"  shard {source} -> {target}: {shorten(hosts)}")
+    if report["added"]:
+        lines += ["", "added:"]
+        for (target,), hosts in grouped(report["added"], ("to",)):
+            lines.append(f"  -> shard {target}: {shorten(hosts)}")
+    if report["removed"]:
+        lines += ["", "removed:"]
+        for (source,), hosts in grouped(report["removed"], ("from",)):
+            lines.append(f"  shard {source} ->: {shorten(hosts)}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpufleet", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    plan = commands.add_parser("plan", help="show the shard plan, or what a change would move")
+    plan.add_argument("inventory", nargs="?", help="node list file or inventory directory")
+    plan.add_argument("--diff", nargs=2, metavar=("OLD", "NEW"), help="compare two node lists")
+    plan.add_argument("--shards", type=int, help="override the shard count (NEW with --diff)")
+    plan.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def run_plan(args: argparse.Namespace) -> str:
+    if args.diff:
+        if args.inventory:
+            raise SystemExit("gpufleet plan: give either INVENTORY or --diff OLD NEW")
+        old_path, new_path = args.diff
+        report = diff_report(load(old_path, None), load(new_path, args.shards))
+        return json.dumps(report, indent=2) if args.json else format_diff(report)
+    if not args.inventory:
+        raise SystemExit("gpufleet plan: INVENTORY is required (or --diff OLD NEW)")
+    report = plan_report(load(args.inventory, args.shards))
+    return json.dumps(report, indent=2) if args.json else format_plan(report)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        output = run_plan(args)
+    except NodeListError as err:
+        print(f"gpufleet: {err}", file=sys.stderr)
+        return EXIT_INVALID
+    print(output)
+    return EXIT_OK

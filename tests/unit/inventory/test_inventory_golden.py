@@ -1,0 +1,56 @@
+"""(d) ``ansible-inventory`` end to end: golden output and bad input through the CLI.
+
+Regenerate the golden file after an intended change with
+``GPUFLEET_REGEN_GOLDEN=1 PYTHONPATH=src pytest tests/unit/inventory/test_inventory_golden.py``
+and review the diff.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from inventory_bad_inputs import BAD_CASES, BadCase, expected_error, write_case
+from inventory_helpers import REPO_ROOT, run_ansible_inventory
+
+GOLDEN = REPO_ROOT / "tests" / "golden" / "example-inventory.json"
+EXAMPLE = "inventories/example"
+
+
+def test_example_inventory_matches_golden() -> None:
+    result = run_ansible_inventory("-i", EXAMPLE, "--list")
+    assert result.returncode == 0, result.stderr
+    assert "WARNING" not in result.stderr, result.stderr
+    actual = json.loads(result.stdout)
+    if os.environ.get("GPUFLEET_REGEN_GOLDEN") == "1":
+        GOLDEN.write_text(json.dumps(actual, indent=2, sort_keys=True) + "\n")
+        pytest.skip(f"regenerated {GOLDEN.relative_to(REPO_ROOT)}")
+    assert actual == json.loads(GOLDEN.read_text()), (
+        "ansible-inventory output changed; if intended, regenerate with GPUFLEET_REGEN_GOLDEN=1"
+    )
+
+
+def test_golden_example_has_the_documented_shape() -> None:
+    """Guards the golden file itself against a careless regeneration."""
+    golden = json.loads(GOLDEN.read_text())
+    hostvars = golden["_meta"]["hostvars"]
+    assert len(hostvars) == 66
+    for group in ("gpu_nodes", "cpu_nodes", "servers", "prometheus", "prometheus_global",
+                  "alertmanager", "grafana", "loki", "slurm_controller",
+                  "prometheus_shard_0", "prometheus_shard_1"):  # fmt: skip
+        assert group in golden, group
+    shard_members = golden["prometheus_shard_0"]["hosts"] + golden["prometheus_shard_1"]["hosts"]
+    assert sorted(shard_members) == sorted(hostvars)
+    assert 0 in (hostvars["gpu001"]["gpufleet_shard"],)  # pinned in the example
+
+
+@pytest.mark.parametrize("case", BAD_CASES, ids=lambda c: c.id)
+def test_ansible_inventory_fails_with_the_one_line_error(case: BadCase, tmp_path: Path) -> None:
+    path = write_case(case, tmp_path)
+    result = run_ansible_inventory("-i", str(path), "--list")
+    assert result.returncode != 0
+    assert expected_error(case, tmp_path, path) in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert result.stdout.strip() == ""
