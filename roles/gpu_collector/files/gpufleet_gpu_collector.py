@@ -1207,6 +1207,12 @@ def read_xid_journald(state: dict[str, Any], timeout: float) -> tuple[list[str],
     if state.get("cursor"):
         argv.append("--after-cursor=" + str(state["cursor"]))
     result = run_command(argv, timeout)
+    # journalctl -b exits 1 with no output when this boot has no kernel entries yet
+    # (seen in containers): nothing new, not a failure.
+    if result.rc == 1 and not result.stdout.strip():
+        # A cursor the journal no longer knows (vacuumed, new machine-id) is dropped.
+        stale = "cursor" in result.stderr.lower()
+        return [], {"cursor": None if stale else state.get("cursor")}
     if result.rc is None or result.rc != 0:
         raise CollectorError("exec_error", f"journalctl rc={result.rc}")
     lines, cursor = [], state.get("cursor")
