@@ -31,6 +31,60 @@ def gpufleet_bcrypt(password: str, seed: str, rounds: int = 10) -> str:
     return bcrypt.hashpw(str(password).encode(), bcrypt_salt(seed, rounds)).decode()
 
 
+def _host_port(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def gpufleet_targets(hostnames: list[str], hostvars, port: int) -> list[dict]:
+    """file_sd target groups for one exporter port on hosts, labelled from the inventory.
+
+    The labels are the inventory plugin's gpufleet_target_labels plus node (the
+    inventory name, which Slurm and the dashboards use); roles never derive them.
+    """
+    groups = []
+    for name in sorted(hostnames):
+        host = hostvars[name]
+        labels = {str(k): str(v) for k, v in dict(host.get("gpufleet_target_labels") or {}).items()}
+        labels["node"] = name
+        address = str(host.get("ansible_host") or name)
+        groups.append({"targets": [_host_port(address, int(port))], "labels": labels})
+    return groups
+
+
+def gpufleet_prometheus_port(instance: dict, port_base: int) -> int:
+    """standalone and global listen on the base port; shard k on base + 1 + k."""
+    if instance.get("mode") == "shard":
+        return int(port_base) + 1 + int(instance["shard"])
+    return int(port_base)
+
+
+def gpufleet_shard_targets(prometheus_hosts: list[str], hostvars, port_base: int) -> list[dict]:
+    """file_sd target groups for every shard instance (all replicas) in the inventory."""
+    groups = []
+    for name in sorted(prometheus_hosts):
+        host = hostvars[name]
+        address = str(host.get("ansible_host") or name)
+        for instance in host.get("gpufleet_prometheus_instances") or []:
+            if instance.get("mode") != "shard":
+                continue
+            groups.append(
+                {
+                    "targets": [_host_port(address, gpufleet_prometheus_port(instance, port_base))],
+                    "labels": {
+                        "shard": str(instance["shard"]),
+                        "replica": str(instance["replica"]),
+                        "node": name,
+                    },
+                }
+            )
+    return sorted(groups, key=lambda g: (int(g["labels"]["shard"]), g["labels"]["replica"]))
+
+
 class FilterModule:
     def filters(self) -> dict:
-        return {"gpufleet_bcrypt": gpufleet_bcrypt}
+        return {
+            "gpufleet_bcrypt": gpufleet_bcrypt,
+            "gpufleet_targets": gpufleet_targets,
+            "gpufleet_prometheus_port": gpufleet_prometheus_port,
+            "gpufleet_shard_targets": gpufleet_shard_targets,
+        }

@@ -128,10 +128,11 @@ def test_wrong_checksum_fails_clearly_and_changes_nothing(host, tmp_path):
     pid_before = main_pid(host)
     result = converge(
         "gpufleet_mirror_url=http://127.0.0.1:18091/tampered",
-        f"node_exporter_download_dir={tmp_path}",
+        f"gpufleet_download_dir={tmp_path}",
     )
     assert result.returncode != 0
-    output = " ".join(result.stdout.split())  # the YAML callback wraps long messages
+    # Failures go to stderr, and the YAML callback wraps long messages.
+    output = " ".join((result.stdout + result.stderr).split())
     assert "could not be fetched and verified" in output
     assert "checksum" in output.lower()
     assert "nothing was installed" in output
