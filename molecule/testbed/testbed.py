@@ -364,13 +364,24 @@ def probe(network: str, command: list[str]) -> None:
 
 
 def down(network: str, names: list[str]) -> None:
-    for name in names:
-        run(["podman", "rm", "-f", "--time", "5", name], check=False, capture=True)
-    left = run(
-        ["podman", "ps", "-a", "-q", "--filter", f"network={network}"], check=False, capture=True
+    """Remove the hosts, and the network with any other test bed host still on it."""
+    on_network = run(
+        [
+            "podman",
+            "ps",
+            "-a",
+            "-q",
+            "--filter",
+            f"network={network}",
+            "--filter",
+            "label=gpufleet.testbed=1",
+        ],
+        check=False,
+        capture=True,
     ).stdout.split()
-    if not left:
-        run(["podman", "network", "rm", "-f", network], check=False, capture=True)
+    for name in [*names, *on_network]:
+        run(["podman", "rm", "-f", "--time", "5", name], check=False, capture=True)
+    run(["podman", "network", "rm", "-f", network], check=False, capture=True)
 
 
 def main(argv: list[str] | None = None) -> None:

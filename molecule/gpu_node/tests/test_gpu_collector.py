@@ -54,16 +54,21 @@ def test_timer_runs_the_collector(host):
 def test_reports_every_gpu_with_the_exact_captured_values(host):
     body = wait_for(host, lambda b: "node_gpu_memory_total_bytes" in b)
     reported = host.check_output(
-        "nvidia-smi --query-gpu=index,memory.total,power.limit --format=csv,noheader,nounits")
+        "nvidia-smi --query-gpu=index,memory.total,power.limit --format=csv,noheader,nounits"
+    )
     rows = [line.split(", ") for line in reported.splitlines()]
     totals = samples(body, "node_gpu_memory_total_bytes")
     assert len(totals) == len(rows)
     for index, memory_mib, _ in rows:
         label = next(labels for labels in totals if f'gpu="{index}"' in labels)
         assert totals[label] == float(memory_mib) * 1024 * 1024
-    for name in ("node_gpu_utilization_percent", "node_gpu_temperature_celsius",
-                 "node_gpu_power_draw_watts", "node_gpu_power_limit_watts",
-                 "node_gpu_memory_used_bytes"):
+    for name in (
+        "node_gpu_utilization_percent",
+        "node_gpu_temperature_celsius",
+        "node_gpu_power_draw_watts",
+        "node_gpu_power_limit_watts",
+        "node_gpu_memory_used_bytes",
+    ):
         assert len(samples(body, name)) == len(rows), name
 
 
@@ -79,8 +84,9 @@ def test_expected_gpu_count_comes_from_the_inventory(host):
 
 def test_output_passes_promtool(host):
     body = host.check_output(f"cat {PROM}") + "\n"  # check_output strips it
-    result = subprocess.run(["promtool", "check", "metrics"], input=body, text=True,
-                            capture_output=True, check=False)
+    result = subprocess.run(
+        ["promtool", "check", "metrics"], input=body, text=True, capture_output=True, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -96,7 +102,8 @@ def slurm_job_process(host):
     host.check_output(f"mkdir -p {cgroup}")
     pid = host.check_output(
         f"setsid sh -c 'echo $$ > {cgroup}/cgroup.procs && exec sleep 300' "
-        "> /dev/null 2>&1 & echo $!")
+        "> /dev/null 2>&1 & echo $!"
+    )
     host.check_output(f"echo {pid}:0:2048 > /run/fake-nvidia-smi-apps")
     yield pid
     host.run(f"kill {pid}; rm -f /run/fake-nvidia-smi-apps")

@@ -1,0 +1,310 @@
+"""The multi-host cluster: shards, federation, long-term storage, alert delivery.
+
+Runs on the controller (the Prometheus side of the network) and talks to the test
+hosts over HTTP; hosts are reached with testinfra where a service must change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from functools import cache
+from pathlib import Path
+
+import pytest
+import testinfra
+
+SCENARIO = Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"])
+REPO = SCENARIO.parents[1]
+INVENTORY = SCENARIO / "inventory"
+MOLECULE_INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
+WEBHOOK_LOG = "/var/log/gpufleet-test-webhook.jsonl"
+SSH_ARGS = "-o UserKnownHostsFile=/dev/null -o StrictHostKeyChecking=no"
+
+
+def http_json(url: str, timeout: float = 10) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.load(response)
+
+
+@cache
+def inventory() -> dict:
+    result = subprocess.run(
+        ["ansible-inventory", "-i", str(INVENTORY), "--list"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg")),
+    )
+    return json.loads(result.stdout)
+
+
+def hostvar(host: str, name: str):
+    value = inventory()["_meta"]["hostvars"][host][name]
+    return value.get("__ansible_unsafe", value) if isinstance(value, dict) else value
+
+
+def group(name: str) -> set[str]:
+    return set(inventory().get(name, {}).get("hosts", []))
+
+
+def instance_url(mode: str, shard: int | None = None) -> str:
+    """Base URL of the first instance of mode (and shard) the inventory placed."""
+    for host in sorted(group("prometheus")):
+        for instance in hostvar(host, "gpufleet_prometheus_instances"):
+            if instance["mode"] == mode and (shard is None or instance["shard"] == shard):
+                port = 9090 if mode != "shard" else 9091 + shard
+                return f"http://{hostvar(host, 'ansible_host')}:{port}"
+    raise AssertionError(f"no {mode} instance {shard} in the inventory")
+
+
+def query(base: str, promql: str) -> list[dict]:
+    url = f"{base}/api/v1/query?query={urllib.parse.quote(promql)}"
+    return http_json(url)["data"]["result"]
+
+
+def eventually(check, timeout: float, interval: float = 2):
+    """Poll check() until it returns a truthy value or timeout seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)
+
+
+def scraped_nodes(base: str, job: str = "node") -> dict[str, dict]:
+    targets = http_json(f"{base}/api/v1/targets?state=active")["data"]["activeTargets"]
+    return {t["labels"]["node"]: t for t in targets if t["labels"].get("job") == job}
+
+
+def host(name: str):
+    return testinfra.get_host(f"ansible://{name}?ansible_inventory={MOLECULE_INVENTORY}")
+
+
+@pytest.mark.parametrize("shard", [0, 1])
+def test_each_shard_scrapes_exactly_its_assigned_hosts(shard):
+    base = instance_url("shard", shard)
+    expected = group(f"prometheus_shard_{shard}")
+    assert expected, "the plugin assigned no host to this shard"
+
+    def all_assigned_and_up():
+        nodes = scraped_nodes(base)
+        healthy = all(target["health"] == "up" for target in nodes.values())
+        return nodes if set(nodes) == expected and healthy else None
+
+    nodes = eventually(all_assigned_and_up, timeout=60)
+    assert nodes, (
+        f"shard {shard} scrapes {sorted(scraped_nodes(base))}, expected {sorted(expected)}"
+    )
+    for name, target in nodes.items():
+        labels = target["labels"]
+        for key, value in hostvar(name, "gpufleet_target_labels").items():
+            assert labels[key] == value, (name, key)
+        assert labels["cluster"] == "testbed"
+
+
+def test_global_holds_both_shards_aggregates_and_no_raw_series():
+    base = instance_url("global")
+    shards = eventually(
+        lambda: (
+            {
+                r["metric"].get("shard")
+                for r in query(base, "count by (shard) (cluster:nodes:count)")
+            }
+            >= {"0", "1"}
+        ),
+        timeout=120,
+    )
+    assert shards, query(base, "count by (shard) (cluster:nodes:count)")
+    assert query(base, 'count({__name__=~"node_.+"})') == []
+    assert query(base, 'count({job="node"})') == []
+    raw = sum(
+        float(query(instance_url("shard", k), 'count({__name__=~".+"})')[0]["value"][1])
+        for k in (0, 1)
+    )
+    held = float(query(base, 'count({__name__=~".+", job="federate"})')[0]["value"][1])
+    assert held < raw / 2, f"global holds {held} series of the shards' {raw}"
+
+
+def test_global_tier_writes_to_victoriametrics():
+    victoria = f"http://{hostvar('cl-mon02', 'ansible_host')}:8428"
+    result = eventually(lambda: query(victoria, 'count({__name__=~"cluster:.+"})'), timeout=90)
+    assert result and float(result[0]["value"][1]) > 0
+
+
+def prometheus_state(base: str) -> tuple[str, str]:
+    """(process start time, last successful reload time) of an instance."""
+    start = query(base, 'process_start_time_seconds{job="prometheus"}')[0]["value"][1]
+    reload = query(base, "prometheus_config_last_reload_success_timestamp_seconds")[0]["value"][1]
+    return start, reload
+
+
+def site(*args: str, inventory_dir: Path = INVENTORY) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            "ansible-playbook",
+            "-i",
+            MOLECULE_INVENTORY,
+            "-i",
+            str(inventory_dir),
+            str(REPO / "site.yml"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, ANSIBLE_NOCOLOR="1"),
+    )
+
+
+def changed_tasks(output: str) -> dict[str, set[str]]:
+    """host -> names of the tasks that reported changed, from the default callback."""
+    changed: dict[str, set[str]] = {}
+    task = ""
+    for line in output.splitlines():
+        if match := re.match(r"^(?:TASK|RUNNING HANDLER) \[(.+?)\]", line):
+            task = match.group(1)
+        elif match := re.match(r"^changed: \[([^\]]+)\]", line):
+            changed.setdefault(match.group(1).split(" ")[0], set()).add(task)
+    return changed
+
+
+def test_bad_rule_from_the_inventory_fails_and_prometheus_keeps_serving(tmp_path):
+    base = instance_url("shard", 0)
+    before = prometheus_state(base)
+    bad = tmp_path / "bad.json"
+    bad.write_text(
+        json.dumps(
+            {
+                "prometheus_extra_rule_groups": [
+                    {"name": "broken", "rules": [{"alert": "Broken", "expr": "sum(rate(x[5m]) by"}]}
+                ]
+            }
+        )
+    )
+    result = site("--limit", "prometheus", "-e", f"@{bad}")
+    assert result.returncode != 0
+    assert "promtool" in result.stdout + result.stderr
+    assert prometheus_state(base) == before
+    assert query(base, "up") != []
+    assert (
+        not host("cl-mon01")
+        .file("/etc/gpufleet/prometheus/shard-0/rules/gpufleet-extra.rules.yml")
+        .exists
+    )
+
+
+def new_test_host(name: str, address: str, inventory_dir: Path) -> None:
+    """Start one more test bed host and tell Ansible how to reach it."""
+    testbed = [sys.executable, str(REPO / "molecule" / "testbed" / "testbed.py")]
+    subprocess.run(
+        [*testbed, "up", "--network", "gpufleet-cluster", f"{name}={address}"],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    key = subprocess.run([*testbed, "key"], check=True, capture_output=True, text=True).stdout
+    (inventory_dir / "host_vars").mkdir(exist_ok=True)
+    (inventory_dir / "host_vars" / f"{name}.yml").write_text(
+        json.dumps(
+            {
+                "ansible_user": "root",
+                "ansible_ssh_private_key_file": key.strip(),
+                "ansible_ssh_common_args": SSH_ARGS,
+            }
+        )
+    )
+
+
+def test_adding_a_node_rewrites_target_files_only(tmp_path):
+    inventory_dir = tmp_path / "inventory"
+    shutil.copytree(INVENTORY, inventory_dir)
+    new_test_host("cl-cpu02", "10.203.15.32", inventory_dir)
+    node_list = inventory_dir / "nodes.gpufleet.yml"
+    node_list.write_text(
+        node_list.read_text().replace(
+            "  - hosts: cl-cpu01\n    address: 10.203.15.31\n",
+            '  - hosts: cl-cpu[01-02]\n    address: "10.203.15.3{num}"\n',
+        )
+    )
+    shard_of_new = json.loads(
+        subprocess.run(
+            ["ansible-inventory", "-i", str(inventory_dir), "--host", "cl-cpu02"],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg")),
+        ).stdout
+    )["gpufleet_shard"]
+    bases = {k: instance_url("shard", k) for k in (0, 1)}
+    before = {k: prometheus_state(b) for k, b in bases.items()}
+
+    result = site(inventory_dir=inventory_dir)
+    assert result.returncode == 0, result.stdout[-4000:]
+    for name in ("cl-mon01", "cl-mon02"):
+        tasks = changed_tasks(result.stdout).get(name, set())
+        assert all("Write the scrape targets" in task for task in tasks), tasks
+    assert {k: prometheus_state(b) for k, b in bases.items()} == before  # no restart, no reload
+    started = time.monotonic()
+    scraped = eventually(
+        lambda: scraped_nodes(bases[shard_of_new]).get("cl-cpu02", {}).get("health") == "up",
+        timeout=60,
+        interval=1,
+    )
+    assert scraped, "the new node was not scraped"
+    print(f"new node scraped {time.monotonic() - started:.1f}s after the rerun")
+
+
+def notifications() -> list[dict]:
+    content = host("cl-cpu01").run(f"cat {WEBHOOK_LOG} 2>/dev/null").stdout
+    return [json.loads(line)["payload"] for line in content.splitlines() if line.strip()]
+
+
+def alerts_for(node: str, status: str | None = None) -> list[tuple[str, str]]:
+    """(alertname, status) of every alert about node in every notification."""
+    return [
+        (a["labels"]["alertname"], a["status"])
+        for n in notifications()
+        for a in n["alerts"]
+        if a["labels"].get("node") == node and (status is None or a["status"] == status)
+    ]
+
+
+def test_node_down_is_delivered_once_inhibits_its_gpu_alerts_and_survives_an_alertmanager():
+    gpu_node, cpu_node = host("cl-gpu02"), host("cl-cpu01")
+    gpu_node.run("systemctl stop node_exporter")
+    try:
+        fired = eventually(
+            lambda: ("NodeDown", "firing") in alerts_for("cl-gpu02"), timeout=330, interval=5
+        )
+        assert fired, notifications()
+        time.sleep(30)  # time for a duplicate from the second Alertmanager to arrive
+        assert alerts_for("cl-gpu02", "firing").count(("NodeDown", "firing")) == 1
+        others = {name for name, _ in alerts_for("cl-gpu02", "firing")} - {"NodeDown"}
+        assert not others, f"alerts not inhibited by NodeDown: {others}"
+    finally:
+        gpu_node.run("systemctl start node_exporter")
+
+    # One Alertmanager gone: the other still delivers.
+    host("cl-mon02").run("systemctl stop gpufleet-alertmanager")
+    cpu_node.run("systemctl stop node_exporter")
+    try:
+        delivered = eventually(
+            lambda: ("NodeDown", "firing") in alerts_for("cl-cpu01"), timeout=330, interval=5
+        )
+        assert delivered, notifications()
+        resolved = eventually(
+            lambda: ("NodeDown", "resolved") in alerts_for("cl-gpu02"), timeout=120, interval=5
+        )
+        assert resolved, "NodeDown of cl-gpu02 did not resolve after node_exporter came back"
+    finally:
+        cpu_node.run("systemctl start node_exporter")
+        host("cl-mon02").run("systemctl start gpufleet-alertmanager")
