@@ -33,7 +33,7 @@ def node_list(nodes: int) -> str:
 cluster: bench
 nodes:
   - hosts: "bench-gpu[001-{nodes:03d}]"
-    address: "{SUBNET}.{{num}}"
+    address: "{SUBNET}.1{{num:02d}}"
     rack: r01
     gpu: {{vendor: nvidia, model: H100, count: 4}}
     cpus: 2
@@ -81,7 +81,8 @@ def changed_total(output: str) -> int:
 
 
 def one_run(nodes: int, reruns: int) -> tuple[float, list[float]]:
-    hosts = [f"bench-gpu{i:03d}={SUBNET}.{i}" for i in range(1, nodes + 1)]
+    # .1 is the network's gateway: nodes live at .101-.199.
+    hosts = [f"bench-gpu{i:03d}={SUBNET}.1{i:02d}" for i in range(1, nodes + 1)]
     hosts.append(f"bench-mon01={SUBNET}.250")
     key = subprocess.run(
         [*TESTBED, "key"], capture_output=True, text=True, check=True
@@ -126,6 +127,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="fresh rollouts (hosts recreated)")
     parser.add_argument("--reruns", type=int, default=3, help="idempotent reruns per rollout")
     args = parser.parse_args()
+    if not 1 <= args.nodes <= 99:
+        parser.error("--nodes must be between 1 and 99 (one /24 test network)")
     subprocess.run([*TESTBED, "image"], check=True, capture_output=True)
     rollouts, reruns = [], []
     for run in range(args.runs):

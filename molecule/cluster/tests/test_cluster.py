@@ -46,9 +46,19 @@ def inventory() -> dict:
     return json.loads(result.stdout)
 
 
+def plain(value):
+    """ansible-inventory's JSON with ansible-core 2.19's unsafe-string markers removed."""
+    if isinstance(value, dict):
+        if set(value) == {"__ansible_unsafe"}:
+            return value["__ansible_unsafe"]
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    return value
+
+
 def hostvar(host: str, name: str):
-    value = inventory()["_meta"]["hostvars"][host][name]
-    return value.get("__ansible_unsafe", value) if isinstance(value, dict) else value
+    return plain(inventory()["_meta"]["hostvars"][host][name])
 
 
 def group(name: str) -> set[str]:
@@ -192,7 +202,8 @@ def test_bad_rule_from_the_inventory_fails_and_prometheus_keeps_serving(tmp_path
     )
     result = site("--limit", "prometheus", "-e", f"@{bad}")
     assert result.returncode != 0
-    assert "promtool" in result.stdout + result.stderr
+    output = " ".join((result.stdout + result.stderr).split())
+    assert "failed to validate" in output.lower(), output[-2000:]
     assert prometheus_state(base) == before
     assert query(base, "up") != []
     assert (

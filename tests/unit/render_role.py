@@ -1,0 +1,80 @@
+"""Render a role's templates the way Ansible does, without a host.
+
+The role's defaults and vars are loaded as trusted templates (as Ansible loads them),
+the inventory comes from tests/golden/example-inventory.json (the example cluster the
+inventory plugin produces: 66 hosts, 2 shards x 2 replicas, 3 Alertmanagers, Grafana
+and Loki on mon03), and Ansible's own Templar renders with its own filters.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLES = ROOT / "roles"
+GOLDEN = ROOT / "tests" / "golden" / "example-inventory.json"
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        if set(value) == {"__ansible_unsafe"}:
+            return value["__ansible_unsafe"]
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def example_inventory() -> tuple[dict[str, list[str]], dict[str, dict]]:
+    data = json.loads(GOLDEN.read_text())
+    hostvars = _plain(data["_meta"]["hostvars"])
+    groups = {name: group.get("hosts", []) for name, group in data.items() if name != "_meta"}
+    groups["all"] = sorted(hostvars)
+    for name in ("prometheus", "prometheus_global", "alertmanager", "grafana", "loki"):
+        groups.setdefault(name, [])
+    return groups, hostvars
+
+
+def role_variables(role: str) -> dict:
+    loader = DataLoader()
+    out = {}
+    for part in ("defaults", "vars"):
+        path = ROLES / role / part / "main.yml"
+        if path.exists():
+            out.update(loader.load_from_file(str(path), trusted_as_template=True) or {})
+    return out
+
+
+def templar(role: str, host: str, overrides: dict | None = None, inventory=None) -> Templar:
+    groups, hostvars = inventory or example_inventory()
+    variables = {
+        **role_variables(role),
+        **hostvars.get(host, {}),
+        "groups": groups,
+        "hostvars": hostvars,
+        "inventory_hostname": host,
+        "ansible_managed": "Ansible managed",
+        "role_path": str(ROLES / role),
+        "ansible_facts": {"os_family": "Debian", "architecture": "x86_64"},
+        "ansible_check_mode": False,
+        **(overrides or {}),
+    }
+    return Templar(loader=DataLoader(), variables=variables)
+
+
+def render(
+    role: str, template: str, host: str, overrides: dict | None = None, inventory=None
+) -> str:
+    source = (ROLES / role / "templates" / template).read_text()
+    return templar(role, host, overrides, inventory).template(trust_as_template(source))
+
+
+def evaluate(role: str, expression: str, host: str, overrides: dict | None = None, inventory=None):
+    """The value of a Jinja expression (a `that:` condition) in the role's context."""
+    return templar(role, host, overrides, inventory).template(
+        trust_as_template("{{ " + expression + " }}")
+    )

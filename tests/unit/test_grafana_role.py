@@ -1,0 +1,242 @@
+"""The grafana role, offline (Grafana's repository is unreachable from the test hosts).
+
+Renders grafana.ini, the datasources and the dashboard provider with the role's
+defaults and the example inventory; evaluates the preflight password rules; checks the
+task/handler contract (reload API for provisioning changes, restart only for package and
+grafana.ini, API calls guarded for check mode, secrets under no_log). The molecule
+scenario `observability` runs the role itself with grafana_install_method=none.
+"""
+
+from __future__ import annotations
+
+import configparser
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from render_role import ROLES, evaluate, example_inventory, render
+from test_dashboards import PROMTOOL, known_metrics, metric_names
+
+ROLE = ROLES / "grafana"
+SECRETS = {
+    "grafana_admin_password": "c0rrect-horse-battery",
+    "grafana_secret_key": "0123456789abcdef0123",
+}
+
+
+def datasources(host: str = "mon03", inventory=None, **overrides) -> dict:
+    text = render("grafana", "datasources.yml.j2", host, {**SECRETS, **overrides}, inventory)
+    return yaml.safe_load(text)
+
+
+def by_uid(doc: dict) -> dict:
+    return {ds["uid"]: ds for ds in doc["datasources"]}
+
+
+def test_sharded_inventory_gives_global_shards_alertmanager_and_loki():
+    doc = datasources()
+    assert doc["apiVersion"] == 1 and doc["prune"] is True
+    ds = by_uid(doc)
+    assert set(ds) == {
+        "gpufleet-prometheus",
+        "gpufleet-prometheus-shard-0",
+        "gpufleet-prometheus-shard-1",
+        "gpufleet-alertmanager",
+        "gpufleet-loki",
+    }
+    # mon01 (10.1.9.1) runs global replica 0 and replica 0 of both shards.
+    assert ds["gpufleet-prometheus"]["url"] == "http://10.1.9.1:9090"
+    assert ds["gpufleet-prometheus"]["isDefault"] is True
+    assert ds["gpufleet-prometheus-shard-0"]["url"] == "http://10.1.9.1:9091"
+    assert ds["gpufleet-prometheus-shard-1"]["url"] == "http://10.1.9.1:9092"
+    assert ds["gpufleet-alertmanager"]["type"] == "alertmanager"
+    assert ds["gpufleet-alertmanager"]["jsonData"]["implementation"] == "prometheus"
+    assert ds["gpufleet-loki"]["url"] == "http://10.1.9.3:3100"
+    assert sum(1 for d in doc["datasources"] if d.get("isDefault")) == 1
+    assert all(d["editable"] is False for d in doc["datasources"])
+
+
+def test_standalone_inventory_gives_one_prometheus():
+    groups, hostvars = example_inventory()
+    groups = {**groups, "prometheus": ["mon01"], "prometheus_global": [], "alertmanager": []}
+    hostvars = {
+        **hostvars,
+        "mon01": {
+            **hostvars["mon01"],
+            "gpufleet_prometheus_instances": [
+                {"name": "standalone", "mode": "standalone", "shard": None, "replica": 0}
+            ],
+        },
+    }
+    ds = by_uid(datasources(inventory=(groups, hostvars)))
+    assert set(ds) == {"gpufleet-prometheus", "gpufleet-loki"}
+    assert ds["gpufleet-prometheus"]["url"] == "http://10.1.9.1:9090"
+
+
+def test_url_overrides_win():
+    ds = by_uid(datasources(grafana_prometheus_url="https://prom.example.org"))
+    assert ds["gpufleet-prometheus"]["url"] == "https://prom.example.org"
+
+
+def test_loki_log_lines_link_to_metrics():
+    loki = by_uid(datasources())["gpufleet-loki"]
+    fields = {f["name"]: f for f in loki["jsonData"]["derivedFields"]}
+    assert set(fields) == {"XID", "Slurm job", "Node"}
+    # Grafana expands $VAR in provisioning files: a literal $ must be written $$.
+    for field in fields.values():
+        assert "${" not in field["url"].replace("$${", "")
+    xid = fields["XID"]
+    assert xid["datasourceUid"] == "gpufleet-prometheus"
+    line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
+    assert re.search(xid["matcherRegex"], line).group(1) == "79"
+    assert re.search(fields["Slurm job"]["matcherRegex"], "launch task StepId=4242.0").group(1)
+    assert fields["Node"]["matcherType"] == "label"
+    assert fields["Node"]["url"].startswith("/d/gpufleet-node-detail/")
+
+
+def test_derived_field_queries_are_valid_promql(tmp_path):
+    loki = by_uid(datasources())["gpufleet-loki"]
+    rules = []
+    for field in loki["jsonData"]["derivedFields"]:
+        if field.get("datasourceUid") == "gpufleet-prometheus":
+            expr = field["url"].replace("$${__value.raw}", "79")
+            assert metric_names(expr) <= known_metrics()
+            rules.append({"record": f"derived_{len(rules)}", "expr": expr})
+    path = tmp_path / "derived.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "d", "rules": rules}]}))
+    if not Path(PROMTOOL).exists():
+        pytest.skip("promtool not installed")
+    subprocess.run([PROMTOOL, "check", "rules", str(path)], check=True, capture_output=True)
+
+
+def grafana_ini(**overrides) -> configparser.ConfigParser:
+    text = render("grafana", "grafana.ini.j2", "mon03", {**SECRETS, **overrides})
+    parser = configparser.ConfigParser(interpolation=None, comment_prefixes=(";", "#"))
+    parser.read_string(text)
+    return parser
+
+
+def test_grafana_ini_defaults():
+    ini = grafana_ini()
+    assert ini["auth.anonymous"]["enabled"] == "false"
+    assert ini["users"]["allow_sign_up"] == "false"
+    assert ini["security"]["admin_password"] == SECRETS["grafana_admin_password"]
+    assert ini["security"]["secret_key"] == SECRETS["grafana_secret_key"]
+    assert ini["analytics"]["reporting_enabled"] == "false"
+    assert ini["server"]["http_port"] == "3000"
+    assert ini["server"]["root_url"] == "http://mon03:3000/"
+    assert ini["paths"]["provisioning"] == "/etc/grafana/provisioning"
+
+
+def test_grafana_ini_merges_the_nested_variable():
+    ini = grafana_ini(
+        grafana_ini={
+            "server": {"domain": "grafana.example.org"},
+            "auth.anonymous": {"enabled": True},
+        },
+        grafana_admin_password="has#hash;semicolon!",
+    )
+    assert ini["server"]["domain"] == "grafana.example.org"
+    assert ini["server"]["http_port"] == "3000"
+    assert ini["auth.anonymous"]["enabled"] == "true"
+    # Grafana cuts values at # or ; unless they are wrapped in triple quotes.
+    assert ini["security"]["admin_password"] == '"""has#hash;semicolon!"""'
+
+
+PASSWORD_RULES = yaml.safe_load((ROLE / "tasks" / "preflight.yml").read_text())[0][
+    "ansible.builtin.assert"
+]["that"]
+
+
+def password_accepted(password) -> bool:
+    return all(
+        evaluate("grafana", rule, "mon03", {**SECRETS, "grafana_admin_password": password})
+        for rule in PASSWORD_RULES
+    )
+
+
+@pytest.mark.parametrize(
+    "password",
+    [
+        "",
+        "admin",
+        "Admin",
+        "grafana",
+        "deepops",
+        "DeepOps",
+        "password",
+        "changeme",
+        "short-1",
+        "admin123",
+    ],
+)
+def test_preflight_refuses_weak_or_default_passwords(password):
+    assert not password_accepted(password)
+
+
+def test_preflight_accepts_a_real_password():
+    assert password_accepted("c0rrect-horse-battery")
+
+
+def test_preflight_refuses_a_missing_secret_key():
+    rules = yaml.safe_load((ROLE / "tasks" / "preflight.yml").read_text())[1][
+        "ansible.builtin.assert"
+    ]["that"]
+    for key, ok in (("", False), ("SW2YcwTIb9zpOOhoPsMm", False), ("x" * 24, True)):
+        values = {**SECRETS, "grafana_secret_key": key}
+        assert all(evaluate("grafana", r, "mon03", values) for r in rules) is ok
+
+
+def test_dashboard_provider():
+    doc = yaml.safe_load(render("grafana", "dashboards.yml.j2", "mon03", SECRETS))
+    (provider,) = doc["providers"]
+    assert provider["folder"] == "gpufleet" and provider["type"] == "file"
+    assert provider["options"]["path"] == "/var/lib/grafana/dashboards/gpufleet"
+    assert provider["disableDeletion"] is True and provider["allowUiUpdates"] is False
+
+
+def tasks(name: str) -> list[dict]:
+    return yaml.safe_load((ROLE / "tasks" / name).read_text())
+
+
+def test_provisioning_changes_reload_and_ini_or_package_changes_restart():
+    handlers = {h["listen"]: h for h in yaml.safe_load((ROLE / "handlers/main.yml").read_text())}
+    assert handlers["reload grafana dashboards"]["ansible.builtin.uri"]["url"].endswith(
+        "/api/admin/provisioning/dashboards/reload"
+    )
+    assert handlers["reload grafana datasources"]["ansible.builtin.uri"]["url"].endswith(
+        "/api/admin/provisioning/datasources/reload"
+    )
+    for handler in handlers.values():
+        if "ansible.builtin.uri" in handler:
+            assert handler["no_log"] is True
+            assert "not ansible_check_mode" in handler["when"]
+    for task in tasks("provisioning.yml"):
+        assert task.get("notify", "reload").startswith("reload"), task["name"]
+    (ini,) = [t for t in tasks("configure.yml") if "grafana.ini" in t["name"]]
+    assert ini["notify"] == "restart grafana" and ini["no_log"] is True
+    for name in ("install_repository.yml", "install_package.yml"):
+        notified = {t.get("notify") for t in tasks(name)} - {None}
+        assert notified == {"restart grafana"}
+
+
+def test_api_tasks_are_guarded_and_secret():
+    for task in tasks("api.yml"):
+        assert "not ansible_check_mode" in task["when"], task["name"]
+        if "url_password" in str(task) or "stdin" in str(task):
+            assert task["no_log"] is True, task["name"]
+    for name in ("api_org.yml", "api_team.yml"):
+        for task in tasks(name):
+            assert task["no_log"] is True
+
+
+def test_none_method_skips_install_service_and_api():
+    main = {t["name"]: t for t in tasks("main.yml")}
+    for name in ("Install", "Run", "Organisations, teams and the admin password (API)"):
+        assert main[name]["when"] == "grafana_install_method != 'none'"
+    assert (
+        "when" not in main["Configure"]
+        and "when" not in main["Provision datasources and dashboards"]
+    )
