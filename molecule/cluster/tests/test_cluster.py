@@ -150,6 +150,42 @@ def test_global_tier_writes_to_victoriametrics():
     assert result and float(result[0]["value"][1]) > 0
 
 
+def dashboard_queries() -> list[tuple[str, str, str]]:
+    """(dashboard, panel, PromQL) of every Prometheus panel query gpufleet provisions."""
+    result = subprocess.run(
+        [sys.executable, str(REPO / "roles/grafana/files/dashboards/generate.py"), "--queries"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows = [line.split("\t") for line in result.stdout.splitlines()]
+    return [(board, panel, expr) for board, panel, source, expr in rows if source == "prometheus"]
+
+
+def concrete(expr: str) -> str:
+    """A panel query with Grafana's variables replaced as "All" would."""
+    for name, value in (("__rate_interval", "1m"), ("__interval", "30s"), ("__range", "1h")):
+        expr = expr.replace("$" + name, value).replace("${" + name + "}", value)
+    expr = re.sub(r"vector\(\$\{?[a-z_]+\}?\)", "vector(1)", expr)  # constant variables
+    return re.sub(r"\$\{?[a-z_]+\}?", ".*", expr)
+
+
+def test_dashboard_queries_return_data_from_the_live_prometheus():
+    base = instance_url("shard", 0)
+    present = set(http_json(f"{base}/api/v1/label/__name__/values")["data"])
+    empty = []
+    for board, panel, expr in dashboard_queries():
+        result = http_json(f"{base}/api/v1/query?query={urllib.parse.quote(concrete(expr))}")
+        assert result["status"] == "success", (board, panel, expr)
+        names = set(re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\{", expr)) - {"label_replace"}
+        # Event panels (a comparison filter) and panels on exporters this cluster does not
+        # run (Slurm, DCGM) may legitimately be empty; everything else must show data.
+        filtered = re.search(r"(==|!=|>=|<=|>|<) ?[0-9]", expr)
+        if names <= present and not filtered and not result["data"]["result"]:
+            empty.append(f"{board}: {panel}")
+    assert not empty, f"panels without data on a live cluster: {empty}"
+
+
 def prometheus_state(base: str) -> tuple[str, str]:
     """(process start time, last successful reload time) of an instance."""
     start = query(base, 'process_start_time_seconds{job="prometheus"}')[0]["value"][1]
