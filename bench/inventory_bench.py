@@ -1,15 +1,18 @@
 """Benchmark: the gpufleet inventory plugin vs ansible's own ``yaml`` plugin, and the plan.
 
-    PYTHONPATH=src python bench/inventory_bench.py [--nodes 10000] [--runs 3]
+    PYTHONPATH=src python bench/inventory_bench.py [--nodes 10000] [--runs 3] [--plan-only]
 
 Writes a generated node list of N nodes, and the very same hosts, groups and host
 variables as a static YAML inventory; then times ``ansible-inventory --list`` on each,
-alternating, and prints the medians side by side. Also times the shard plan alone.
+alternating, and prints the medians side by side. Also times the shard plan alone,
+stateless and with a shard lock (unchanged, +64 nodes, one more shard); ``--plan-only``
+times just those.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import subprocess
@@ -25,7 +28,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "src"))
 
 from gpufleet.inventory import build_inventory, plan_shards  # noqa: E402
-from gpufleet.nodelist import parse_node_list  # noqa: E402
+from gpufleet.nodelist import NodeList, parse_node_list  # noqa: E402
+from gpufleet.shardlock import ShardLock  # noqa: E402
 
 RACK_SIZE = 40
 NODE_TYPES = (  # (gpu model, gpus, cpus, collector): a heterogeneous fleet
@@ -113,14 +117,44 @@ def median_time(function, runs: int) -> float:
     return statistics.median(samples)
 
 
+def locked_plan_times(data: dict[str, Any], runs: int) -> dict[str, float]:
+    """The shard plan with a lock of the stateless plan: unchanged, +64 nodes, +1 shard."""
+    node_list = parse_node_list(data, "bench.gpufleet.yml")
+    shards = node_list.monitoring.shards
+    lock = ShardLock("bench.lock", node_list.cluster, shards, plan_shards(node_list))
+    grown_data = generated_node_list(len(node_list.hosts) - 8 + 64)
+    grown = parse_node_list(grown_data, "bench.gpufleet.yml")
+    more_shards = dataclasses.replace(node_list.monitoring, shards=shards + 1)
+    variants: dict[str, NodeList] = {
+        "unchanged": dataclasses.replace(node_list, lock=lock),
+        "+64 nodes": dataclasses.replace(grown, lock=lock),
+        f"{shards} -> {shards + 1} shards": dataclasses.replace(
+            node_list, lock=lock, monitoring=more_shards
+        ),
+    }
+    return {name: median_time(lambda v=v: plan_shards(v), runs) for name, v in variants.items()}
+
+
+def print_plan_times(data: dict[str, Any], node_list: NodeList, runs: int) -> None:
+    hosts = len(node_list.hosts)
+    plan_time = median_time(lambda: plan_shards(node_list), runs)
+    print(f"shard plan alone ({hosts} hosts):        {plan_time * 1000:>7.0f} ms")
+    for name, seconds in locked_plan_times(data, runs).items():
+        print(f"  with a shard lock, {name + ':':<19} {seconds * 1000:>7.0f} ms")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--plan-only", action="store_true", help="time only the shard plan")
     args = parser.parse_args()
     data = generated_node_list(args.nodes)
     node_list = parse_node_list(data, "bench.gpufleet.yml")
     hosts = len(node_list.hosts)
+    if args.plan_only:
+        print_plan_times(data, node_list, args.runs)
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         plugin_source = Path(tmp) / "plugin" / "bench.gpufleet.yml"
         static_source = Path(tmp) / "static" / "hosts.yml"
@@ -132,7 +166,6 @@ def main() -> int:
         for _ in range(args.runs):  # alternate so both see the same machine state
             plugin_times.append(time_ansible_inventory(plugin_source))
             static_times.append(time_ansible_inventory(static_source))
-        plan_time = median_time(lambda: plan_shards(node_list), args.runs)
         full_time = median_time(
             lambda: build_inventory(parse_node_list(data, "bench.gpufleet.yml")), args.runs
         )
@@ -150,7 +183,7 @@ def main() -> int:
         f"{static_median:>9.2f}  {' '.join(f'{t:.2f}' for t in static_times)}"
     )
     print(f"  ratio gpufleet / yaml: {plugin_median / static_median:.2f}")
-    print(f"shard plan alone ({hosts} hosts):        {plan_time * 1000:>7.0f} ms")
+    print_plan_times(data, node_list, args.runs)
     print(f"validate + plan + vars/groups (pure):   {full_time * 1000:>7.0f} ms")
     return 0
 

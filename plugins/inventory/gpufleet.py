@@ -62,6 +62,10 @@ DOCUMENTATION = r"""
                 - C(shards), C(replicas), C(sharding) (C(balanced) or C(rack)), C(max_imbalance),
                   C(pin), and the host lists C(prometheus_hosts), C(global_hosts),
                   C(alertmanager_hosts), C(grafana_hosts), C(loki_hosts).
+                - C(shard_lock) (a hidden file next to the node list, written by
+                  C(gpufleet plan --write-lock)) keeps hosts on their shard across node list
+                  changes; C(rebalance_margin) is how far past C(max_imbalance) a locked plan
+                  may drift before hosts move.
             type: raw
         slurm:
             description:

@@ -1,9 +1,11 @@
 """``gpufleet`` command: review the shard plan before a rollout.
 
-    gpufleet plan INVENTORY [--shards N] [--json]
-    gpufleet plan --diff OLD NEW [--shards N] [--json]
+    gpufleet plan INVENTORY [--shards N] [--lock FILE] [--json]
+    gpufleet plan --write-lock INVENTORY [--lock FILE] [--json]
+    gpufleet plan --diff OLD NEW [--shards N] [--lock FILE] [--json]
 
-INVENTORY, OLD and NEW are node list files or inventory directories holding one.
+INVENTORY, OLD and NEW are node list files or inventory directories holding one. The
+shard lock is ``monitoring.shard_lock`` of the node list (of OLD with --diff), or FILE.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from typing import Any
 
 from gpufleet import hostlist
 from gpufleet.inventory import plan_shards, shard_table
-from gpufleet.nodelist import NodeList, NodeListError, load_node_list
+from gpufleet.nodelist import NodeList, NodeListError, load_node_list, load_shard_lock
 from gpufleet.sharding import diff_assignments, imbalance
+from gpufleet.shardlock import format_lock
 
 EXIT_OK = 0
 EXIT_INVALID = 2
@@ -37,8 +40,13 @@ def find_node_list(path: str) -> str:
     return os.path.join(path, found[0])
 
 
-def load(path: str, shards: int | None) -> NodeList:
+def load(path: str, shards: int | None, lock_file: str | None = None) -> NodeList:
+    """The node list; ``lock_file`` replaces its ``monitoring.shard_lock``."""
     node_list = load_node_list(find_node_list(path))
+    if lock_file:
+        lock = load_shard_lock(lock_file, node_list.cluster)
+        monitoring = replace(node_list.monitoring, shard_lock=lock_file)
+        node_list = replace(node_list, monitoring=monitoring, lock=lock)
     if shards is None:
         return node_list
     if shards < 1:
@@ -66,8 +74,39 @@ def plan_report(node_list: NodeList) -> dict[str, Any]:
         "max_imbalance": monitoring.max_imbalance,
         "imbalance": round(imbalance(row["series"] for row in rows), 4),
         "shard_table": rows,
+        "lock": lock_summary(node_list, shard_of),
         "assignment": shard_of,
     }
+
+
+def lock_summary(node_list: NodeList, shard_of: dict[str, int]) -> dict[str, Any] | None:
+    """The configured lock, and how many of its entries the plan would change."""
+    path = node_list.monitoring.shard_lock
+    if not path:
+        return None
+    lock = node_list.lock
+    if lock is None:
+        return {"file": path, "present": False}
+    hosts = lock.hosts
+    outdated = sum(1 for host, shard in shard_of.items() if hosts.get(host) != shard)
+    outdated += sum(1 for host in hosts if host not in shard_of)
+    if lock.shards != node_list.monitoring.shards:
+        outdated = max(outdated, 1)
+    return {"file": path, "present": True, "hosts": len(hosts), "outdated": outdated}
+
+
+def format_lock_line(lock: dict[str, Any] | None) -> list[str]:
+    if lock is None:
+        return []
+    if not lock["present"]:
+        return [f"lock: {lock['file']} missing: stateless plan (--write-lock creates it)"]
+    if "changed" in lock:
+        state = f"written, {lock['changed']:,} entries changed"
+    elif lock["outdated"]:
+        state = f"{lock['outdated']:,} entries to update (--write-lock)"
+    else:
+        state = "up to date"
+    return [f"lock: {lock['file']}: {lock['hosts']:,} hosts, {state}"]
 
 
 def format_plan(report: dict[str, Any]) -> str:
@@ -76,6 +115,7 @@ def format_plan(report: dict[str, Any]) -> str:
         f"{report['series']:,} expected series",
         f"{report['shards']} shard(s) x {report['replicas']} replica(s), "
         f"sharding: {report['sharding']}",
+        *format_lock_line(report["lock"]),
         "",
         f"{'shard':>5}  {'hosts':>6}  {'gpus':>6}  {'series':>11}  {'share':>6}",
     ]
@@ -95,6 +135,9 @@ def format_plan(report: dict[str, Any]) -> str:
 
 
 def diff_report(old: NodeList, new: NodeList) -> dict[str, Any]:
+    """Both plans start from OLD's shard lock (the one in force), if any."""
+    monitoring = replace(new.monitoring, shard_lock=old.monitoring.shard_lock)
+    new = replace(new, monitoring=monitoring, lock=old.lock)
     old_report, new_report = plan_report(old), plan_report(new)
     moves = diff_assignments(old_report["assignment"], new_report["assignment"])
     moved = [m for m in moves if m.old_shard is not None and m.new_shard is not None]
@@ -106,6 +149,7 @@ def diff_report(old: NodeList, new: NodeList) -> dict[str, Any]:
         "added": [{"host": m.host, "to": m.new_shard} for m in moves if m.old_shard is None],
         "removed": [{"host": m.host, "from": m.old_shard} for m in moves if m.new_shard is None],
         "moved_fraction": round(len(moved) / kept_hosts, 4) if kept_hosts else 0.0,
+        "lock": old.lock.file if old.lock else None,
     }
 
 
@@ -129,6 +173,8 @@ def format_diff(report: dict[str, Any]) -> str:
         f"{len(report['moved'])} host(s) move ({100 * report['moved_fraction']:.1f}% of the hosts "
         f"in both), {len(report['added'])} added, {len(report['removed'])} removed",
     ]
+    if report["lock"]:
+        lines.insert(0, f"lock: {report['lock']} (both plans start from it)")
     if report["moved"]:
         lines += ["", "moves:"]
         for (source, target), hosts in grouped(report["moved"], ("from", "to")):
@@ -151,6 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("inventory", nargs="?", help="node list file or inventory directory")
     plan.add_argument("--diff", nargs=2, metavar=("OLD", "NEW"), help="compare two node lists")
     plan.add_argument("--shards", type=int, help="override the shard count (NEW with --diff)")
+    plan.add_argument(
+        "--lock", metavar="FILE", help="shard lock to use (and write) instead of the configured one"
+    )
+    plan.add_argument(
+        "--write-lock", action="store_true", help="write the plan to the shard lock file"
+    )
     plan.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
 
@@ -159,13 +211,58 @@ def run_plan(args: argparse.Namespace) -> str:
     if args.diff:
         if args.inventory:
             raise SystemExit("gpufleet plan: give either INVENTORY or --diff OLD NEW")
+        if args.write_lock:
+            raise SystemExit("gpufleet plan: --write-lock writes INVENTORY's plan, not a diff")
         old_path, new_path = args.diff
-        report = diff_report(load(old_path, None), load(new_path, args.shards))
+        report = diff_report(load(old_path, None, args.lock), load(new_path, args.shards))
         return json.dumps(report, indent=2) if args.json else format_diff(report)
     if not args.inventory:
         raise SystemExit("gpufleet plan: INVENTORY is required (or --diff OLD NEW)")
-    report = plan_report(load(args.inventory, args.shards))
+    if args.write_lock:
+        if args.shards is not None:
+            raise SystemExit("gpufleet plan: --write-lock takes the node list's own shards")
+        report = write_lock(load_for_writing(args.inventory, args.lock))
+    else:
+        report = plan_report(load(args.inventory, args.shards, args.lock))
     return json.dumps(report, indent=2) if args.json else format_plan(report)
+
+
+def load_for_writing(path: str, lock_file: str | None) -> NodeList:
+    node_list = load(path, None, lock_file)
+    if not node_list.monitoring.shard_lock:
+        raise NodeListError(
+            node_list.file,
+            "monitoring.shard_lock",
+            "not set; add e.g. 'shard_lock: .shards.lock' (or give --lock FILE)",
+        )
+    return node_list
+
+
+def write_lock(node_list: NodeList) -> dict[str, Any]:
+    """Write the plan (sticky to the current lock) to the lock file, atomically."""
+    report = plan_report(node_list)
+    path = node_list.monitoring.shard_lock
+    text = format_lock(node_list.cluster, node_list.monitoring.shards, report["assignment"])
+    temporary = f"{path}.tmp{os.getpid()}"
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(temporary, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(temporary, path)
+    except OSError as err:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise NodeListError(path, "", f"cannot write: {err.strerror or err}") from err
+    previous = report["lock"] or {}
+    changed = previous.get("outdated", len(report["assignment"]))
+    report["lock"] = {
+        "file": path,
+        "present": True,
+        "hosts": len(report["assignment"]),
+        "outdated": 0,
+        "changed": changed,
+    }
+    return report
 
 
 def main(argv: Sequence[str] | None = None) -> int:

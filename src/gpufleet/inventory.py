@@ -52,15 +52,26 @@ def target_labels(cluster: str, host: Host) -> dict[str, str]:
 
 
 def plan_shards(node_list: NodeList) -> dict[str, int]:
-    """Host -> shard for every host (servers included: node_exporter runs everywhere)."""
+    """Host -> shard for every host (servers included: node_exporter runs everywhere).
+
+    Sticky when the node list carries a shard lock (``node_list.lock``), else stateless.
+    """
     monitoring = node_list.monitoring
     weights = {host.name: host.expected_series for host in node_list.hosts}
     racks = None
     if monitoring.sharding == "rack":
         racks = {host.name: host.rack for host in node_list.hosts}
+    lock = node_list.lock
     try:
         return sharding.plan_hosts(
-            weights, monitoring.shards, monitoring.pin, racks, monitoring.max_imbalance
+            weights,
+            monitoring.shards,
+            monitoring.pin,
+            racks,
+            monitoring.max_imbalance,
+            previous=lock.hosts if lock else None,
+            previous_shards=lock.shards if lock else None,
+            rebalance_margin=monitoring.rebalance_margin,
         )
     except sharding.ShardingError as err:
         raise NodeListError(node_list.file, "monitoring.pin", str(err)) from err

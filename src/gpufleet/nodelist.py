@@ -19,7 +19,8 @@ from typing import Any
 import yaml
 
 from gpufleet import hostlist, slurmconf
-from gpufleet.sharding import DEFAULT_MAX_IMBALANCE
+from gpufleet.sharding import DEFAULT_MAX_IMBALANCE, DEFAULT_REBALANCE_MARGIN
+from gpufleet.shardlock import LockError, ShardLock, parse_lock
 
 PLUGIN_NAME = "gpufleet"
 CONSTRUCTED_KEYS = (
@@ -41,7 +42,16 @@ MONITORING_HOST_KEYS = (
     "grafana_hosts",
     "loki_hosts",
 )
-MONITORING_KEYS = ("shards", "replicas", "sharding", "max_imbalance", "pin", *MONITORING_HOST_KEYS)
+MONITORING_KEYS = (
+    "shards",
+    "replicas",
+    "sharding",
+    "max_imbalance",
+    "rebalance_margin",
+    "pin",
+    "shard_lock",
+    *MONITORING_HOST_KEYS,
+)
 SLURM_KEYS = ("controller_hosts", "conf", "node_defaults")
 SLURM_DEFAULT_KEYS = ("address", "rack", "gpu_vendor", "gpu_collector", "labels", "vars")
 
@@ -101,7 +111,9 @@ class Monitoring:
     replicas: int = 1
     sharding: str = "balanced"
     max_imbalance: float = DEFAULT_MAX_IMBALANCE
+    rebalance_margin: float = DEFAULT_REBALANCE_MARGIN
     pin: Mapping[str, int] = field(default_factory=dict)
+    shard_lock: str = ""  # the lock file's path (relative to the node list resolved), or ""
     prometheus_hosts: tuple[str, ...] = ()
     global_hosts: tuple[str, ...] = ()
     alertmanager_hosts: tuple[str, ...] = ()
@@ -116,6 +128,7 @@ class NodeList:
     hosts: tuple[Host, ...]
     monitoring: Monitoring
     slurm_controller_hosts: tuple[str, ...] = ()
+    lock: ShardLock | None = None  # the shard lock's content, if configured and present
 
 
 def describe(value: Any) -> str:
@@ -177,6 +190,11 @@ class Checker:
             what = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
             raise self.fail(key_path, f"must be {what}, got {describe(value)}")
         return int(value)
+
+    def number(self, value: Any, key_path: str, minimum: float) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
+            raise self.fail(key_path, f"must be a number >= {minimum:.1f}, got {describe(value)}")
+        return float(value)
 
     def choice(self, value: Any, key_path: str, choices: tuple[str, ...], what: str) -> str:
         if value not in choices:
@@ -473,7 +491,7 @@ def slurm_entries(
     return entries
 
 
-def parse_monitoring(check: Checker, raw: Any) -> Monitoring:
+def parse_monitoring(check: Checker, raw: Any, file: str) -> Monitoring:
     monitoring = check.mapping(raw, "monitoring")
     check.known_keys(monitoring, MONITORING_KEYS, "monitoring")
     shards = check.integer(monitoring.get("shards", 1), "monitoring.shards", 1)
@@ -481,15 +499,14 @@ def parse_monitoring(check: Checker, raw: Any) -> Monitoring:
     sharding = check.choice(
         monitoring.get("sharding", "balanced"), "monitoring.sharding", SHARDING_MODES, "mode"
     )
-    max_imbalance = monitoring.get("max_imbalance", DEFAULT_MAX_IMBALANCE)
-    if (
-        isinstance(max_imbalance, bool)
-        or not isinstance(max_imbalance, int | float)
-        or max_imbalance < 1
-    ):
-        raise check.fail(
-            "monitoring.max_imbalance", f"must be a number >= 1.0, got {describe(max_imbalance)}"
-        )
+    max_imbalance = check.number(
+        monitoring.get("max_imbalance", DEFAULT_MAX_IMBALANCE), "monitoring.max_imbalance", 1
+    )
+    rebalance_margin = check.number(
+        monitoring.get("rebalance_margin", DEFAULT_REBALANCE_MARGIN),
+        "monitoring.rebalance_margin",
+        0,
+    )
     pins: dict[str, int] = {}
     for expression, shard in check.mapping(monitoring.get("pin", {}), "monitoring.pin").items():
         key_path = f"monitoring.pin.{expression}"
@@ -521,8 +538,10 @@ def parse_monitoring(check: Checker, raw: Any) -> Monitoring:
         shards=shards,
         replicas=replicas,
         sharding=sharding,
-        max_imbalance=float(max_imbalance),
+        max_imbalance=max_imbalance,
+        rebalance_margin=rebalance_margin,
         pin=pins,
+        shard_lock=lock_path(check, monitoring, file),
         **host_lists,
     )
 
@@ -538,6 +557,41 @@ def check_defined(
 def read_file_text(path: str) -> str:
     with open(path, encoding="utf-8") as handle:
         return handle.read()
+
+
+def lock_path(check: Checker, monitoring: Mapping[str, Any], file: str) -> str:
+    """``monitoring.shard_lock`` resolved against the node list's directory, or ""."""
+    if "shard_lock" not in monitoring:
+        return ""
+    value = check.string(monitoring["shard_lock"], "monitoring.shard_lock")
+    if os.path.dirname(value) in ("", ".") and not os.path.basename(value).startswith("."):
+        raise check.fail(
+            "monitoring.shard_lock",
+            f"{value!r} sits next to the node list, where Ansible would read it as an inventory "
+            "source; use a hidden name such as '.shards.lock'",
+        )
+    return os.path.join(os.path.dirname(file), value)
+
+
+def load_shard_lock(
+    path: str, cluster: str, read_text: Callable[[str], str] = read_file_text
+) -> ShardLock | None:
+    """Read and validate a shard lock; None if the file does not exist (yet)."""
+    try:
+        text = read_text(path)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise NodeListError(path, "", f"cannot read: {err.strerror or err}") from err
+    try:
+        lock = parse_lock(text, path)
+    except LockError as err:
+        raise NodeListError(path, err.key_path, err.message) from err
+    if lock.cluster != cluster:
+        raise NodeListError(
+            path, "cluster", f"the lock is for cluster {lock.cluster!r}, not {cluster!r}"
+        )
+    return lock
 
 
 def parse_node_list(
@@ -573,7 +627,7 @@ def parse_node_list(
     if not hosts:
         raise check.fail("nodes", "defines no host")
     by_name = {host.name: host for host in hosts}
-    monitoring = parse_monitoring(check, data.get("monitoring", {}))
+    monitoring = parse_monitoring(check, data.get("monitoring", {}), file)
     for key in MONITORING_HOST_KEYS:
         check_defined(check, f"monitoring.{key}", getattr(monitoring, key), by_name)
     for name in monitoring.pin:
@@ -584,12 +638,16 @@ def parse_node_list(
         else ()
     )
     check_defined(check, "slurm.controller_hosts", controllers, by_name)
+    lock = None
+    if monitoring.shard_lock:
+        lock = load_shard_lock(monitoring.shard_lock, cluster, read_text)
     return NodeList(
         file=file,
         cluster=cluster,
         hosts=tuple(hosts),
         monitoring=monitoring,
         slurm_controller_hosts=controllers,
+        lock=lock,
     )
 
 

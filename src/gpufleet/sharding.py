@@ -11,15 +11,20 @@ Pure functions, no I/O. The unit of placement is a *unit* (a host, or a whole ra
    correction evicts its least attached units (lowest score for that shard) to their
    next-ranked shard with room, until it fits. Shards under the cap are never touched,
    so the correction only moves units out of overloaded shards.
+
+With a shard lock (the previous plan), :func:`place_sticky` keeps every locked unit where
+it is and places only what changed, which makes adding and removing units strictly
+stable; see docs/inventory.md, section "Sharding".
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 DEFAULT_MAX_IMBALANCE = 1.05
+DEFAULT_REBALANCE_MARGIN = 0.05
 _MASK64 = (1 << 64) - 1
 
 
@@ -100,7 +105,7 @@ def place(
         loads[shard] += weight
     if shards > 1:
         cap = max_imbalance * sum(loads) / shards
-        relieve_overloaded(assignment, loads, weights, scores, cap)
+        relieve_overloaded(assignment, loads, weights, scores, cap, pins)
     return Placement(assignment=assignment, loads=tuple(loads))
 
 
@@ -110,14 +115,20 @@ def relieve_overloaded(
     weights: Mapping[str, int],
     scores: Mapping[str, list[int]],
     cap: float,
+    pinned: Collection[str] = (),
+    preferred: Sequence[int] = (),
 ) -> None:
-    """Move the least attached movable units out of shards above ``cap`` (in place)."""
+    """Move the least attached unpinned units out of shards above ``cap`` (in place).
+
+    Each evicted unit goes to the first ``preferred`` shard, else its best-ranked other
+    shard, that stays under ``cap``.
+    """
     overloaded = [shard for shard in range(len(loads)) if loads[shard] > cap]
     if not overloaded:
         return
     members: dict[int, list[str]] = {shard: [] for shard in overloaded}
     for unit, shard in assignment.items():
-        if shard in members and unit in scores:  # pinned units have no scores: never moved
+        if shard in members and unit not in pinned:
             members[shard].append(unit)
     for shard in sorted(overloaded, key=lambda s: (-loads[s], s)):
         candidates = sorted(members[shard], key=lambda unit: (scores[unit][shard], unit))
@@ -125,8 +136,8 @@ def relieve_overloaded(
             if loads[shard] <= cap:
                 break
             weight = weights[unit]
-            for target in ranking(scores[unit])[1:]:
-                if loads[target] + weight <= cap:
+            for target in (*preferred, *ranking(scores[unit])):
+                if target != shard and loads[target] + weight <= cap:
                     assignment[unit] = target
                     loads[shard] -= weight
                     loads[target] += weight
@@ -166,6 +177,115 @@ def place_largest_first(
     return Placement(assignment={u: assignment[u] for u in weights}, loads=tuple(loads))
 
 
+class ScoreCache(dict):
+    """Unit -> rendezvous scores, computed on first use (a sticky plan ranks few units)."""
+
+    def __init__(self, shards: int) -> None:
+        super().__init__()
+        self.shards = shards
+
+    def __missing__(self, unit: str) -> list[int]:
+        scores = self[unit] = shard_scores(unit, self.shards)
+        return scores
+
+
+def place_sticky(
+    weights: Mapping[str, int],
+    shards: int,
+    previous: Mapping[str, int],
+    previous_shards: int,
+    pins: Mapping[str, int] | None = None,
+    max_imbalance: float = DEFAULT_MAX_IMBALANCE,
+    rebalance_margin: float = DEFAULT_REBALANCE_MARGIN,
+) -> Placement:
+    """Place units starting from a ``previous`` plan (the shard lock) on ``previous_shards``.
+
+    1. Pinned units go to their pin; every other unit of ``previous`` keeps its shard if
+       that shard still exists.
+    2. More shards than before: only units whose rendezvous top shard (among ``shards``)
+       is a new one move there (the HRW property), from the heaviest old shard first
+       while it is above the mean weight, and while the new shard stays at or under it.
+    3. New units, and units of removed shards, largest first: the best-ranked shard with
+       room under the cap, else the lightest shard.
+    4. Rebalance only after a shard count change, or when the heaviest shard exceeds
+       ``max_imbalance + rebalance_margin`` x mean (hysteresis: removals drift the
+       balance without moving anyone until then); then shards above the cap hand over
+       their least attached units, to a new shard first, until they fit.
+    """
+    if shards < 1:
+        raise ShardingError(f"shards must be >= 1, got {shards}")
+    pins = dict(pins or {})
+    validate_pins(pins, weights, shards)
+    mean = sum(weights.values()) / shards
+    cap = max_imbalance * mean
+    scores = ScoreCache(shards)
+    loads = [0] * shards
+    assignment: dict[str, int] = {}
+    unplaced: list[str] = []
+    for unit, weight in weights.items():
+        shard = pins.get(unit, previous.get(unit))
+        if shard is None or not 0 <= shard < shards:
+            unplaced.append(unit)
+            continue
+        assignment[unit] = shard
+        loads[shard] += weight
+    if shards > previous_shards:
+        migrate_to_new_shards(assignment, loads, weights, scores, previous_shards, mean, pins)
+    for unit in sorted(unplaced, key=lambda u: (-weights[u], u)):
+        weight = weights[unit]
+        preferred = ranking(scores[unit])
+        fitting = [shard for shard in preferred if loads[shard] + weight <= cap]
+        shard = fitting[0] if fitting else min(preferred, key=loads.__getitem__)
+        assignment[unit] = shard
+        loads[shard] += weight
+    trigger = (max_imbalance + rebalance_margin) * mean
+    if shards > 1 and (shards != previous_shards or max(loads) > trigger):
+        new_shards = range(previous_shards, shards)  # empty unless shards were added
+        relieve_overloaded(assignment, loads, weights, scores, cap, pins, new_shards)
+    return Placement(assignment={u: assignment[u] for u in weights}, loads=tuple(loads))
+
+
+def migrate_to_new_shards(
+    assignment: dict[str, int],
+    loads: list[int],
+    weights: Mapping[str, int],
+    scores: Mapping[str, list[int]],
+    first_new: int,
+    target: float,
+    pinned: Collection[str],
+) -> None:
+    """Move units whose top shard is new (index >= ``first_new``) there, up to ``target``.
+
+    Only such units move (as in pure rendezvous hashing). They are taken from the
+    heaviest old shard first, most attached first, which also levels the old shards.
+    """
+    queues: dict[int, list[tuple[int, str, int]]] = {}
+    for unit, shard in assignment.items():
+        if unit in pinned:
+            continue
+        unit_scores = scores[unit]
+        top = max(range(len(unit_scores)), key=unit_scores.__getitem__)
+        if top >= first_new and shard < first_new:
+            queues.setdefault(shard, []).append((-unit_scores[top], unit, top))
+    for queue in queues.values():
+        queue.sort(reverse=True)  # most attached last: pop() takes it
+    while queues:
+        for source in list(queues):
+            queue = queues[source]
+            # New shards only fill up: a unit that does not fit now never will.
+            while queue and loads[queue[-1][2]] + weights[queue[-1][1]] > target:
+                queue.pop()
+            if not queue or loads[source] <= target:
+                del queues[source]
+        if not queues:
+            break
+        source = max(queues, key=lambda shard: (loads[shard], -shard))
+        _, unit, top = queues[source].pop()
+        loads[source] -= weights[unit]
+        loads[top] += weights[unit]
+        assignment[unit] = top
+
+
 def group_units(unit_of: Mapping[str, str], weights: Mapping[str, int]) -> dict[str, int]:
     """Sum host weights per unit (e.g. per rack)."""
     totals: dict[str, int] = {}
@@ -191,30 +311,67 @@ def unit_pins(unit_of: Mapping[str, str], host_pins: Mapping[str, int]) -> dict[
     return pins
 
 
+def unit_previous(
+    unit_of: Mapping[str, str], weights: Mapping[str, int], previous: Mapping[str, int]
+) -> dict[str, int]:
+    """A unit's previous shard: where most of its locked weight was (lowest shard on ties)."""
+    votes: dict[str, dict[int, int]] = {}
+    for host, shard in previous.items():
+        if host in unit_of:
+            unit_votes = votes.setdefault(unit_of[host], {})
+            unit_votes[shard] = unit_votes.get(shard, 0) + weights[host]
+    return {
+        unit: min(unit_votes, key=lambda shard: (-unit_votes[shard], shard))
+        for unit, unit_votes in votes.items()
+    }
+
+
 def plan_hosts(
     weights: Mapping[str, int],
     shards: int,
     pins: Mapping[str, int] | None = None,
     racks: Mapping[str, str] | None = None,
     max_imbalance: float = DEFAULT_MAX_IMBALANCE,
+    previous: Mapping[str, int] | None = None,
+    previous_shards: int | None = None,
+    rebalance_margin: float = DEFAULT_REBALANCE_MARGIN,
 ) -> dict[str, int]:
     """Host -> shard. With ``racks`` (host -> rack, '' for none), whole racks move together.
 
     Hosts without a rack stay individual units. Unit names are prefixed so that a rack
-    and a host with the same name cannot collide.
+    and a host with the same name cannot collide. With ``previous`` (the shard lock:
+    host -> shard on ``previous_shards`` shards, default ``shards``), the plan is sticky
+    (:func:`place_sticky`); hosts of ``previous`` that are not in ``weights`` are ignored.
     """
     pins = dict(pins or {})
     for host in pins:
         if host not in weights:
             raise ShardingError(f"pinned host {host!r} is not in the plan")
+    sticky_shards = shards if previous_shards is None else previous_shards
     if racks is None:
-        return place(weights, shards, pins, max_imbalance).assignment
+        if previous is None:
+            return place(weights, shards, pins, max_imbalance).assignment
+        locked = {host: shard for host, shard in previous.items() if host in weights}
+        return place_sticky(
+            weights, shards, locked, sticky_shards, pins, max_imbalance, rebalance_margin
+        ).assignment
     unit_of = {
         host: f"rack:{racks[host]}" if racks.get(host) else f"host:{host}" for host in weights
     }
-    placement = place_largest_first(
-        group_units(unit_of, weights), shards, unit_pins(unit_of, pins), max_imbalance
-    )
+    unit_weights = group_units(unit_of, weights)
+    pins_of_units = unit_pins(unit_of, pins)
+    if previous is None:
+        placement = place_largest_first(unit_weights, shards, pins_of_units, max_imbalance)
+    else:
+        placement = place_sticky(
+            unit_weights,
+            shards,
+            unit_previous(unit_of, weights, previous),
+            sticky_shards,
+            pins_of_units,
+            max_imbalance,
+            rebalance_margin,
+        )
     return {host: placement.assignment[unit_of[host]] for host in weights}
 
 

@@ -5,9 +5,25 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from inventory_helpers import minimal_node_list, write_node_list
+from ansible.plugins.loader import init_plugin_loader, inventory_loader
+from inventory_helpers import REPO_ROOT, minimal_node_list, write_node_list
 
 
 @pytest.fixture()
 def node_list_path(tmp_path: Path) -> Path:
     return write_node_list(tmp_path, minimal_node_list())
+
+
+@pytest.fixture(scope="session")
+def loader_ready() -> None:
+    """Ansible's plugin loader, set up once per session (a second setup warns)."""
+    init_plugin_loader()
+    inventory_loader.add_directory(str(REPO_ROOT / "plugins" / "inventory"))
+
+
+@pytest.fixture()
+def plugin(loader_ready: None):
+    """The gpufleet inventory plugin, loaded the way Ansible loads it."""
+    module = inventory_loader.get("gpufleet")
+    assert module is not None, "plugins/inventory/gpufleet.py was not found by the loader"
+    return module

@@ -9,24 +9,10 @@ import pytest
 from ansible.errors import AnsibleParserError
 from ansible.inventory.data import InventoryData
 from ansible.parsing.dataloader import DataLoader
-from ansible.plugins.loader import init_plugin_loader, inventory_loader
-from inventory_helpers import REPO_ROOT, minimal_node_list, write_node_list
+from inventory_helpers import minimal_node_list, write_node_list
 
 from gpufleet.inventory import build_inventory
 from gpufleet.nodelist import parse_node_list
-
-
-@pytest.fixture(scope="module")
-def loader_ready() -> None:
-    init_plugin_loader()
-    inventory_loader.add_directory(str(REPO_ROOT / "plugins" / "inventory"))
-
-
-@pytest.fixture()
-def plugin(loader_ready: None):
-    module = inventory_loader.get("gpufleet")
-    assert module is not None, "plugins/inventory/gpufleet.py was not found by the loader"
-    return module
 
 
 def parse(plugin, path: Path) -> InventoryData:
