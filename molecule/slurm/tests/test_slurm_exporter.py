@@ -1,0 +1,464 @@
+"""The Slurm exporter against a real Slurm 22.05 cluster (prepare.yml).
+
+Jobs are real: submitted with sbatch by unprivileged users, scheduled by slurmctld
+onto GRES GPUs, run by slurmd in their own freezer cgroup (proctrack/cgroup). Every
+number the exporter serves is checked against Slurm's own view (`scontrol show job
+-d`, `sinfo`, `squeue`), and the job ids on each GPU against what gpu_collector sees
+on the node itself. The tests run in file order: idle cluster, busy cluster, a
+drained node, slurmctld down.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+testinfra_hosts = ["gpufleet-slurmctl"]
+
+USER = "gpufleet-slurm-exporter"
+URL = "http://127.0.0.1:9341/metrics"
+# converge.yml: slurm_exporter_collect_interval / _command_timeout.
+INTERVAL = 5
+TIMEOUT = 3
+NODES = ("gpufleet-slurm-gpu1", "gpufleet-slurm-gpu2")
+JOB = "srun /usr/local/bin/gpufleet-test-gpu-job 900"
+SCENARIO = Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"])
+LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+# ------------------------------------------------------------------- helpers
+
+
+def samples(body: str, name: str) -> list[tuple[dict[str, str], float]]:
+    found = []
+    for line in body.splitlines():
+        match = re.match(rf"^{name}(?:\{{(.*)\}})? (\S+)$", line)
+        if match:
+            labels = {
+                k: v.replace('\\"', '"').replace("\\\\", "\\")
+                for k, v in LABEL_RE.findall(match.group(1) or "")
+            }
+            found.append((labels, float(match.group(2))))
+    return found
+
+
+def value(body: str, name: str, **labels: str) -> float | None:
+    for found, val in samples(body, name):
+        if all(found.get(k) == v for k, v in labels.items()):
+            return val
+    return None
+
+
+def metrics(host, url: str = URL) -> str:
+    return host.check_output(f"curl -fsS --max-time 2 {url}")
+
+
+def host_time(host) -> float:
+    return float(host.check_output("date +%s.%N"))
+
+
+def collected_after(ctl, since: float, timeout: float = 4 * INTERVAL) -> str:
+    """Metrics of the first collection cycle that started after `since` (host clock)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        # Connection refused is expected only here: right after a restart the
+        # exporter may not listen yet.
+        body = ctl.run(f"curl -fsS --max-time 2 {URL}").stdout
+        end = value(body, "slurm_exporter_last_collect_timestamp_seconds")
+        duration = value(body, "slurm_exporter_collect_duration_seconds") or 0.0
+        if end is not None and end - duration > since:
+            return body
+        assert time.monotonic() < deadline, "no collection cycle started after the change"
+        time.sleep(0.5)
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(1)
+
+
+def as_user(user: str, command: str) -> str:
+    return f"runuser -u {user} -- {command}"
+
+
+def sbatch(ctl, user: str, *args: str) -> str:
+    cmd = [
+        "sbatch",
+        "--parsable",
+        "--chdir=/tmp",
+        "-o",
+        "/dev/null",
+        "-J",
+        "gpufleet-test",
+        *args,
+        "--wrap",
+        JOB,
+    ]
+    return ctl.check_output(as_user(user, shlex.join(cmd))).split(";")[0]
+
+
+def hostnames(ctl, hostlist: str) -> list[str]:
+    return ctl.check_output(f"scontrol show hostnames {shlex.quote(hostlist)}").split()
+
+
+def expand_indices(text: str) -> set[str]:
+    out: set[str] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        out.update(str(i) for i in range(int(low), int(high or low) + 1))
+    return out
+
+
+def scontrol_allocations(ctl) -> tuple[dict, set]:
+    """Slurm's own answer: {(job, node): (gpus, user, account, partition)}, {(job, node, idx)}."""
+    alloc: dict[tuple[str, str], tuple[float, str, str, str]] = {}
+    indices: set[tuple[str, str, str]] = set()
+    for line in ctl.check_output("scontrol show job -d -o").splitlines():
+        fields = dict(re.findall(r"(?:^| )(JobId|JobState|UserId|Account|Partition)=(\S+)", line))
+        if fields.get("JobState") != "RUNNING":
+            continue
+        job, user = fields["JobId"], fields["UserId"].split("(")[0]
+        account, partition = fields["Account"], fields["Partition"]
+        for nodes, gres in re.findall(r" Nodes=(\S+) CPU_IDs=\S+ Mem=\S+ GRES=(\S*)", line):
+            # GRES=gpu:a100:2(IDX:0-1) on each node of the segment's hostlist.
+            for count, idx in re.findall(r"gpu:(?:[^:(,]+:)?(\d+)\(IDX:([^)]*)\)", gres):
+                for node in hostnames(ctl, nodes):
+                    alloc[(job, node)] = (float(count), user, account, partition)
+                    indices.update((job, node, i) for i in expand_indices(idx))
+    return alloc, indices
+
+
+def exporter_allocations(body: str) -> tuple[dict, set]:
+    alloc = {
+        (lab["job_id"], lab["node"]): (val, lab["user"], lab["account"], lab["partition"])
+        for lab, val in samples(body, "slurm_job_gpus_allocated")
+    }
+    indices = {
+        (lab["job_id"], lab["node"], lab["gpu"])
+        for lab, val in samples(body, "slurm_job_gpu_index_info")
+        if val == 1
+    }
+    return alloc, indices
+
+
+def sinfo_nodes(ctl) -> set[tuple[str, str, str]]:
+    """(node, partition, state) as sinfo prints them, one per node and partition."""
+    out = ctl.check_output("sinfo -h -N -o '%N|%R|%T'")
+    return {tuple(line.split("|")) for line in out.splitlines()}
+
+
+def exporter_nodes(body: str) -> set[tuple[str, str, str]]:
+    return {
+        (lab["node"], lab["partition"], lab["status"])
+        for lab, _ in samples(body, "slurm_node_status")
+    }
+
+
+def converge_exporter(*extra_vars: str) -> subprocess.CompletedProcess:
+    """Rerun converge.yml for the exporter alone, as an admin changing a flag would."""
+    args = [
+        "ansible-playbook",
+        "-i",
+        os.environ["MOLECULE_INVENTORY_FILE"],
+        "--limit",
+        "gpufleet-slurmctl",
+        "--tags",
+        "slurm_exporter",
+        str(SCENARIO / "converge.yml"),
+    ]
+    for extra in extra_vars:
+        args += ["-e", extra]
+    return subprocess.run(
+        args, capture_output=True, text=True, timeout=300, env=dict(os.environ, ANSIBLE_NOCOLOR="1")
+    )
+
+
+def main_pid(host) -> str:
+    return host.service("gpufleet-slurm-exporter").systemd_properties["MainPID"]
+
+
+# ---------------------------------------------------------- the idle cluster
+
+
+def test_exporter_runs_as_its_own_unprivileged_user(host):
+    service = host.service("gpufleet-slurm-exporter")
+    assert service.is_enabled
+    assert service.is_running
+    pid = service.systemd_properties["MainPID"]
+    assert host.check_output(f"ps -o user= -p {pid}") == USER
+    # Its own group only: no slurm, munge, sudo or other supplementary group.
+    assert host.check_output(f"id -Gn {USER}") == USER
+    assert host.user(USER).shell == "/usr/sbin/nologin"
+    props = service.systemd_properties
+    assert props["ProtectSystem"] == "strict"
+    assert props["NoNewPrivileges"] == "yes"
+    assert props.get("CapabilityBoundingSet", "") == ""  # no capabilities at all
+    # ...and yet the Slurm commands reach munge and /etc/slurm: slurmctld answers.
+    body = metrics(host)
+    assert value(body, "slurm_up") == 1
+    assert value(body, "slurm_info", type="general", version="22.05.8") == 1
+    for command in ("sinfo_nodes", "squeue", "scontrol_jobs", "sdiag", "sinfo_version"):
+        assert value(body, "slurm_exporter_command_success", command=command) == 1, command
+
+
+def test_metrics_are_reachable_from_another_host(gpu_nodes):
+    # By name: the GPU node resolves the controller through the network's DNS.
+    body = metrics(gpu_nodes["gpufleet-slurm-gpu1"], "http://gpufleet-slurmctl:9341/metrics")
+    assert value(body, "slurm_up") == 1
+    assert "slurm_nodes_total 2" in body
+
+
+def test_idle_nodes_and_gpus_match_sinfo(host):
+    body = collected_after(host, host_time(host))
+    assert exporter_nodes(body) == sinfo_nodes(host)
+    for node in NODES:
+        assert value(body, "slurm_node_gres_total", node=node, partition="gpu") == 4
+        assert value(body, "slurm_node_gres_used", node=node, partition="gpu") == 0
+    assert value(body, "slurm_gpus_total") == 8
+    assert value(body, "slurm_gpus_alloc") == 0
+    assert value(body, "slurm_nodes_idle", partition="gpu") == 2
+    assert value(body, "slurm_nodes_idle", partition="debug") == 1
+
+
+# ---------------------------------------------------------- a busy cluster
+
+
+def clear_jobs(ctl, gpu_nodes) -> None:
+    ctl.run("scancel --quiet -u alice; scancel --quiet -u bob")
+    wait_until(
+        lambda: not ctl.check_output("squeue -h -t PD,R,CG -u alice,bob"),
+        60,
+        "the test jobs to end",
+    )
+    for node in gpu_nodes.values():
+        node.check_output(": > /run/fake-nvidia-smi/apps")
+
+
+@pytest.fixture(scope="module")
+def jobs(ctl, gpu_nodes):
+    """Fill the 8 GPUs with real jobs of two users, then queue two that must wait."""
+    clear_jobs(ctl, gpu_nodes)
+    running = [
+        sbatch(ctl, "alice", "--account=physics", "-p", "gpu", "--gres=gpu:a100:2"),
+        sbatch(ctl, "bob", "--account=chem", "-N", "2", "--gres=gpu:a100:1"),
+        sbatch(ctl, "alice", "--account=physics", "-p", "debug", "--gres=gpu:a100:1"),
+    ]
+    wait_until(
+        lambda: len(ctl.check_output("squeue -h -t R -u alice,bob").splitlines()) == 3,
+        60,
+        "the first jobs to start",
+    )
+    # 5 of 8 GPUs are held; three 1-GPU jobs take the rest.
+    running += [sbatch(ctl, "bob", "--account=chem", "--gres=gpu:a100:1") for _ in range(3)]
+    wait_until(
+        lambda: len(ctl.check_output("squeue -h -t R -u alice,bob").splitlines()) == 6,
+        60,
+        "the cluster to fill",
+    )
+    pending = [
+        sbatch(ctl, "alice", "--account=physics", "--gres=gpu:a100:2"),
+        sbatch(ctl, "bob", "--account=chem", "--hold", "--gres=gpu:a100:1"),
+    ]
+
+    def reasons_settled():
+        out = ctl.check_output("squeue -h -t PD -o '%A %r'")
+        return len(out.splitlines()) == 2 and "None" not in out
+
+    wait_until(reasons_settled, 60, "pending reasons")
+    yield {"running": running, "pending": pending}
+    clear_jobs(ctl, gpu_nodes)
+
+
+def test_job_gpu_counts_and_indices_match_scontrol(host, jobs):
+    body = collected_after(host, host_time(host))
+    want_alloc, want_idx = scontrol_allocations(host)
+    # Every running job holds GPUs; the 2-node job has one series per node.
+    assert {job for job, _ in want_alloc} == set(jobs["running"])
+    assert len(want_alloc) == 7
+    got_alloc, got_idx = exporter_allocations(body)
+    assert got_alloc == want_alloc
+    assert got_idx == want_idx
+    assert {user for _, user, _, _ in got_alloc.values()} == {"alice", "bob"}
+    # Indices on a node are each held by one job, and all 4 of each node are held.
+    for node in NODES:
+        held = sorted(i for _, n, i in got_idx if n == node)
+        assert held == ["0", "1", "2", "3"], node
+        assert value(body, "slurm_node_gres_used", node=node, partition="gpu") == 4
+    assert value(body, "slurm_gpus_alloc") == 8
+    assert value(body, "slurm_gpus_utilization") == 1
+    for user in ("alice", "bob"):
+        held = sum(gpus for gpus, u, _, _ in want_alloc.values() if u == user)
+        assert value(body, "slurm_user_gpus_running", user=user) == held
+    for account in ("physics", "chem"):
+        held = sum(gpus for gpus, _, a, _ in want_alloc.values() if a == account)
+        assert value(body, "slurm_account_gpus_running", account=account) == held
+    assert value(body, "slurm_exporter_job_series") == 7
+
+
+def test_node_states_match_sinfo_when_busy(host, jobs):
+    body = collected_after(host, host_time(host))
+    nodes = exporter_nodes(body)
+    assert nodes == sinfo_nodes(host)
+    assert {state for _, _, state in nodes} <= {"mixed", "allocated"}
+
+
+def test_pending_reasons_match_squeue(host, jobs):
+    body = collected_after(host, host_time(host))
+    queued = [
+        line.split("|")
+        for line in host.check_output("squeue -h -t PD -o '%A|%u|%P|%r'").splitlines()
+    ]
+    assert sorted(job for job, *_ in queued) == sorted(jobs["pending"])
+    by_reason = Counter(reason for *_, reason in queued)
+    # The cluster is full: the 2-GPU job waits for resources; the held one is held.
+    assert by_reason["Resources"] == 1
+    assert by_reason["JobHeldUser"] == 1
+    got = {lab["reason"]: val for lab, val in samples(body, "slurm_jobs_pending_by_reason")}
+    assert got == dict(by_reason)
+    for (user, partition, reason), count in Counter((u, p, r) for _, u, p, r in queued).items():
+        assert (
+            value(body, "slurm_queue_pending", user=user, partition=partition, reason=reason)
+            == count
+        )
+    assert value(body, "slurm_jobs_pending") == 2
+    assert value(body, "slurm_jobs_running") == 6
+
+
+def test_gpu_collector_names_the_same_jobs_as_the_exporter(host, gpu_nodes, jobs):
+    """node_gpu_slurm_job_info on each node == slurm_job_gpu_index_info for that node.
+
+    The jobs' processes registered themselves with the nvidia-smi double on the GPUs
+    Slurm gave them; gpu_collector finds their job through /proc/PID/cgroup, where
+    proctrack/cgroup put them (.../slurm_<node>/uid_<uid>/job_<id>/step_0).
+    """
+    _, got_idx = exporter_allocations(collected_after(host, host_time(host)))
+    users = {
+        job: user for (job, _), (_, user, _, _) in exporter_allocations(metrics(host))[0].items()
+    }
+    for name, node in gpu_nodes.items():
+        want = {(job, gpu, users[job]) for job, n, gpu in got_idx if n == name}
+
+        def seen(node=node, want=want):
+            body = metrics(node, "http://127.0.0.1:9100/metrics")
+            found = {
+                (lab["job_id"], lab["gpu"], lab["user"])
+                for lab, _ in samples(body, "node_gpu_slurm_job_info")
+            }
+            return found if found == want else None
+
+        wait_until(seen, 6 * INTERVAL, f"gpu_collector on {name} to see {sorted(want)}")
+        # The attribution is Slurm's own cgroup, not a test-made one.
+        pid = node.check_output("head -1 /run/fake-nvidia-smi/apps").split(":")[0]
+        assert re.search(
+            r"freezer:.*/slurm_[^/]+/uid_\d+/job_\d+/step_0$",
+            node.check_output(f"cat /proc/{pid}/cgroup"),
+            re.MULTILINE,
+        )
+
+
+def test_drained_node_state_and_reason(host, jobs):
+    node, reason = "gpufleet-slurm-gpu2", "gpufleet test: fan 3 failed | ticket #42"
+    since = host_time(host)
+    host.check_output(f"scontrol update nodename={node} state=drain reason={shlex.quote(reason)}")
+    try:
+        body = collected_after(host, since)
+        state, sinfo_reason = host.check_output(f"sinfo -h -N -n {node} -p gpu -o '%T|%E'").split(
+            "|", 1
+        )
+        assert sinfo_reason == reason
+        assert state == "draining"  # busy: drains once its jobs end
+        assert (
+            value(body, "slurm_node_state_reason_info", node=node, state=state, reason=reason) == 1
+        )
+        assert value(body, "slurm_node_drain_reason_info", node=node, reason=reason) == 1
+        assert value(body, "slurm_node_status", node=node, partition="gpu", status=state) == 1
+        assert value(body, "slurm_nodes_drain", partition="gpu") == 1
+        assert value(body, "slurm_nodes_drain", partition="debug") == 0
+        assert exporter_nodes(body) == sinfo_nodes(host)
+    finally:
+        since = host_time(host)
+        host.check_output(f"scontrol update nodename={node} state=resume")
+    body = collected_after(host, since)
+    assert not samples(body, "slurm_node_state_reason_info")
+    assert value(body, "slurm_nodes_drain", partition="gpu") == 0
+    assert exporter_nodes(body) == sinfo_nodes(host)
+
+
+def test_flag_change_restarts_and_the_job_series_cap_holds(host, jobs):
+    before = main_pid(host)
+    result = converge_exporter("slurm_exporter_max_job_series=3")
+    assert result.returncode == 0, result.stdout[-3000:]
+    try:
+        assert main_pid(host) != before
+        body = collected_after(host, host_time(host))
+        want_alloc, _ = scontrol_allocations(host)
+        got_alloc, got_idx = exporter_allocations(body)
+        assert len(got_alloc) == 3
+        assert value(body, "slurm_exporter_job_series") == 3
+        assert value(body, "slurm_exporter_job_series_dropped_total") >= len(want_alloc) - 3
+        # The exported pairs are Slurm's, from the lowest job ids, with their indices.
+        assert all(want_alloc[pair] == got for pair, got in got_alloc.items())
+        kept = {int(job) for job, _ in got_alloc}
+        assert max(kept) <= min(int(job) for job, _ in set(want_alloc) - set(got_alloc))
+        assert {(job, node) for job, node, _ in got_idx} == set(got_alloc)
+        # Totals per user are computed before the cap.
+        for user in ("alice", "bob"):
+            held = sum(gpus for gpus, u, _, _ in want_alloc.values() if u == user)
+            assert value(body, "slurm_user_gpus_running", user=user) == held
+    finally:
+        result = converge_exporter()
+    assert result.returncode == 0, result.stdout[-3000:]
+    body = collected_after(host, host_time(host))
+    assert exporter_allocations(body) == scontrol_allocations(host)
+
+
+def test_keeps_serving_with_slurmctld_down(host, jobs):
+    pid = main_pid(host)
+    stopped = float(host.check_output("systemctl stop slurmctld && date +%s.%N"))
+    try:
+
+        def down():
+            body = metrics(host)  # curl --max-time 2: a scrape never waits for Slurm
+            return body if value(body, "slurm_up") == 0 else None
+
+        body = wait_until(down, 3 * (INTERVAL + TIMEOUT), "slurm_up 0")
+        # Said by the end of the first cycle that starts after the stop (at most one
+        # interval later) and whose commands are killed at the timeout. Host clock, so
+        # the test's own SSH round trips do not count.
+        reported = value(body, "slurm_exporter_last_collect_timestamp_seconds")
+        assert reported - stopped <= INTERVAL + TIMEOUT + 1
+        assert value(body, "slurm_exporter_command_success", command="squeue") == 0
+        errors = sum(
+            val
+            for lab, val in samples(body, "slurm_exporter_command_errors_total")
+            if lab["command"] == "squeue"
+        )
+        assert errors >= 1
+        # Per-job series are never served stale; node series are, within --max-stale.
+        assert not samples(body, "slurm_job_gpus_allocated")
+        assert samples(body, "slurm_node_status")
+        time.sleep(INTERVAL)
+        assert value(metrics(host), "slurm_up") == 0
+    finally:
+        host.check_output("systemctl start slurmctld")
+    body = wait_until(
+        lambda: (b := metrics(host)) and value(b, "slurm_up") == 1 and b,
+        60,
+        "slurm_up 1 after slurmctld is back",
+    )
+    assert main_pid(host) == pid
+    # The jobs survived the controller's restart and are back in the series.
+    body = collected_after(host, host_time(host))
+    assert exporter_allocations(body) == scontrol_allocations(host)
