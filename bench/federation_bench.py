@@ -64,7 +64,7 @@ def main() -> None:
         sys.exit(__doc__)
     shards, raw_total, global_series = [], 0.0, None
     for label, base in instances(sys.argv[1]):
-        series = scalar(base, "prometheus_tsdb_head_series")
+        series = scalar(base, 'prometheus_tsdb_head_series{job="prometheus"}')
         if label.startswith("global") or label.startswith("standalone"):
             federated = scalar(base, 'count({job="federate"})')
             global_series = (label, series, federated)
