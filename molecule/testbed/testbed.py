@@ -223,7 +223,26 @@ def build_image() -> str:
         )
         if tar.wait() != 0:
             raise SystemExit("testbed: tar of the root file system failed")
+    prune_images(keep=tag)
     return tag
+
+
+def prune_images(keep: str) -> None:
+    """Drop test bed images of older recipes (about 600 MB each); in-use ones stay."""
+    listed = run(
+        [
+            "podman",
+            "images",
+            "--format",
+            "{{.Repository}}:{{.Tag}}",
+            "--filter",
+            f"reference={IMAGE_REPO}",
+        ],
+        check=False,
+        capture=True,
+    ).stdout
+    for old in set(listed.split()) - {keep}:
+        run(["podman", "rmi", old], check=False, capture=True)
 
 
 def ensure_network(name: str, addresses: list[str]) -> None:
