@@ -19,17 +19,9 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from gpufleet.inventory_json import plain
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def plain(value):
-    if isinstance(value, dict):
-        if set(value) == {"__ansible_unsafe"}:
-            return value["__ansible_unsafe"]
-        return {key: plain(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [plain(item) for item in value]
-    return value
 
 
 def instances(inventory_dir: str) -> list[tuple[str, str]]:

@@ -14,24 +14,16 @@ from pathlib import Path
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 
+from gpufleet.inventory_json import plain
+
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = ROOT / "roles"
 GOLDEN = ROOT / "tests" / "golden" / "example-inventory.json"
 
 
-def _plain(value):
-    if isinstance(value, dict):
-        if set(value) == {"__ansible_unsafe"}:
-            return value["__ansible_unsafe"]
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
-
-
 def example_inventory() -> tuple[dict[str, list[str]], dict[str, dict]]:
     data = json.loads(GOLDEN.read_text())
-    hostvars = _plain(data["_meta"]["hostvars"])
+    hostvars = plain(data["_meta"]["hostvars"])
     groups = {name: group.get("hosts", []) for name, group in data.items() if name != "_meta"}
     groups["all"] = sorted(hostvars)
     for name in ("prometheus", "prometheus_global", "alertmanager", "grafana", "loki"):

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import testinfra
 
+from gpufleet.inventory_json import plain
+
 SCENARIO = Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"])
 REPO = SCENARIO.parents[1]
 INVENTORY = SCENARIO / "inventory"
@@ -44,17 +46,6 @@ def inventory() -> dict:
         env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg")),
     )
     return json.loads(result.stdout)
-
-
-def plain(value):
-    """ansible-inventory's JSON with ansible-core 2.19's unsafe-string markers removed."""
-    if isinstance(value, dict):
-        if set(value) == {"__ansible_unsafe"}:
-            return value["__ansible_unsafe"]
-        return {key: plain(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [plain(item) for item in value]
-    return value
 
 
 def hostvar(host: str, name: str):
