@@ -70,3 +70,8 @@ def evaluate(role: str, expression: str, host: str, overrides: dict | None = Non
     return templar(role, host, overrides, inventory).template(
         trust_as_template("{{ " + expression + " }}")
     )
+
+
+def template_value(role: str, value: str, host: str, overrides: dict | None = None, inventory=None):
+    """A task argument or variable as Ansible templates it: a whole template."""
+    return templar(role, host, overrides, inventory).template(trust_as_template(value))

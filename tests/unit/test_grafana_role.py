@@ -3,8 +3,9 @@
 Renders grafana.ini, the datasources and the dashboard provider with the role's
 defaults and the example inventory; evaluates the preflight password rules; checks the
 task/handler contract (reload API for provisioning changes, restart only for package and
-grafana.ini, API calls guarded for check mode, secrets under no_log). The molecule
-scenario `observability` runs the role itself with grafana_install_method=none.
+grafana.ini, API calls guarded for check mode, secrets under no_log), and the per-
+organisation provisioning. The molecule scenario `observability` runs the role with
+grafana_install_method=none, and `grafana` runs all of it against a stand-in package.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from render_role import ROLES, evaluate, example_inventory, render
+from render_role import ROLES, evaluate, example_inventory, render, template_value
 from test_dashboards import PROMTOOL, known_metrics, metric_names
 
 ROLE = ROLES / "grafana"
@@ -24,11 +25,27 @@ SECRETS = {
     "grafana_admin_password": "c0rrect-horse-battery",
     "grafana_secret_key": "0123456789abcdef0123",
 }
+# What provisioning.yml passes for the main organisation, and api.yml for another one.
+MAIN_ORG = {
+    "org_id": 1,
+    "name": "Main Org.",
+    "file": "gpufleet.yml",
+    "dir": "/var/lib/grafana/dashboards/gpufleet",
+    "dashboards": [],
+    "datasources_extra": [],
+}
+OTHER_ORG = {
+    **MAIN_ORG,
+    "org_id": 5,
+    "name": "ml-research",
+    "file": "gpufleet-org-5.yml",
+    "dir": "/var/lib/grafana/dashboards/gpufleet-org-5",
+}
 
 
-def datasources(host: str = "mon03", inventory=None, **overrides) -> dict:
-    text = render("grafana", "datasources.yml.j2", host, {**SECRETS, **overrides}, inventory)
-    return yaml.safe_load(text)
+def datasources(host: str = "mon03", inventory=None, target=MAIN_ORG, **overrides) -> dict:
+    values = {**SECRETS, "__grafana_target": target, **overrides}
+    return yaml.safe_load(render("grafana", "datasources.yml.j2", host, values, inventory))
 
 
 def by_uid(doc: dict) -> dict:
@@ -189,12 +206,103 @@ def test_preflight_refuses_a_missing_secret_key():
         assert all(evaluate("grafana", r, "mon03", values) for r in rules) is ok
 
 
+def provider(target: dict) -> dict:
+    doc = yaml.safe_load(
+        render("grafana", "dashboards.yml.j2", "mon03", {**SECRETS, "__grafana_target": target})
+    )
+    (only,) = doc["providers"]
+    return only
+
+
 def test_dashboard_provider():
-    doc = yaml.safe_load(render("grafana", "dashboards.yml.j2", "mon03", SECRETS))
-    (provider,) = doc["providers"]
-    assert provider["folder"] == "gpufleet" and provider["type"] == "file"
-    assert provider["options"]["path"] == "/var/lib/grafana/dashboards/gpufleet"
-    assert provider["disableDeletion"] is True and provider["allowUiUpdates"] is False
+    main = provider(MAIN_ORG)
+    assert main["folder"] == "gpufleet" and main["type"] == "file" and main["orgId"] == 1
+    assert main["options"]["path"] == "/var/lib/grafana/dashboards/gpufleet"
+    assert main["disableDeletion"] is True and main["allowUiUpdates"] is False
+
+
+def test_another_organisation_gets_its_own_provider_folder_and_datasources():
+    other = provider(OTHER_ORG)
+    assert other["orgId"] == 5 and other["name"] == "gpufleet-org-5"
+    assert other["options"]["path"] == "/var/lib/grafana/dashboards/gpufleet-org-5"
+    main_doc = datasources(grafana_datasources_extra=[{"name": "site", "type": "loki"}])
+    doc = datasources(target=OTHER_ORG)
+    # The same datasources (same uids, so the same dashboards work), in organisation 5.
+    assert [d["uid"] for d in doc["datasources"]] == [d["uid"] for d in main_doc["datasources"]]
+    assert {d["orgId"] for d in doc["datasources"]} == {5}
+    assert {d["orgId"] for d in main_doc["datasources"]} == {1}
+    # Links from log lines to the node dashboard stay inside the organisation.
+    node_link = by_uid(doc)["gpufleet-loki"]["jsonData"]["derivedFields"][2]["url"]
+    assert node_link.startswith("/d/gpufleet-node-detail/node-detail?orgId=5&")
+
+
+def organisation_targets(organizations: list[dict], existing: dict[str, int]) -> list[dict]:
+    """The targets api.yml works out, from the organisations the API reports."""
+    (task,) = [
+        t
+        for t in tasks("api.yml")
+        if t["name"] == "Work out each organisation's datasources and dashboards"
+    ]
+    files = sorted(str(p) for p in (ROLE / "files" / "dashboards").glob("*.json"))
+    values = {
+        **SECRETS,
+        "grafana_organizations": organizations,
+        "__grafana_dashboard_files": files,
+        "__grafana_orgs": {
+            "status": 200,
+            "json": [{"id": i, "name": n} for n, i in existing.items()],
+        },
+    }
+    return template_value(
+        "grafana", task["ansible.builtin.set_fact"]["__grafana_org_targets"], "mon03", values
+    )
+
+
+def test_organisation_targets_follow_the_ids_grafana_gave():
+    targets = organisation_targets(
+        [
+            {"name": "ml-research", "dashboards": ["slurm-jobs", "node-detail"]},
+            {"name": "ops"},
+            {"name": "later"},
+        ],
+        {"Main Org.": 1, "ops": 7, "ml-research": 4},
+    )
+    by_name = {t["name"]: t for t in targets}
+    # "later" does not exist yet (check mode on a converged host): nothing for it.
+    assert set(by_name) == {"ml-research", "ops"}
+    assert by_name["ml-research"]["file"] == "gpufleet-org-4.yml"
+    assert by_name["ml-research"]["dir"] == "/var/lib/grafana/dashboards/gpufleet-org-4"
+    assert sorted(Path(f).name for f in by_name["ml-research"]["dashboards"]) == [
+        "node-detail.json",
+        "slurm-jobs.json",
+    ]
+    assert len(by_name["ops"]["dashboards"]) == len(
+        list((ROLE / "files" / "dashboards").glob("*.json"))
+    )
+
+
+def test_the_main_organisation_is_never_provisioned_twice():
+    assert organisation_targets([{"name": "Main Org."}], {"Main Org.": 1}) == []
+
+
+def test_preflight_refuses_unknown_dashboards_for_an_organisation():
+    (task,) = [
+        t
+        for t in tasks("preflight.yml")
+        if t["name"] == "Check the dashboards each organisation asks for"
+    ]
+    task_vars = task["vars"]
+    for asked, ok in ((["slurm-jobs"], True), (["slurm-jobs", "no-such-board"], False)):
+        item = {"name": "ml-research", "dashboards": asked}
+        # __grafana_known globs the role's dashboards (lookups need a full Ansible run).
+        known = sorted(p.stem for p in (ROLE / "files" / "dashboards").glob("*.json"))
+        unknown = template_value(
+            "grafana",
+            task_vars["__grafana_unknown"],
+            "mon03",
+            {"item": item, "__grafana_known": known},
+        )
+        assert (len(unknown) == 0) is ok
 
 
 def tasks(name: str) -> list[dict]:
@@ -213,7 +321,7 @@ def test_provisioning_changes_reload_and_ini_or_package_changes_restart():
         if "ansible.builtin.uri" in handler:
             assert handler["no_log"] is True
             assert "not ansible_check_mode" in handler["when"]
-    for task in tasks("provisioning.yml"):
+    for task in tasks("provision_org.yml"):
         assert task.get("notify", "reload").startswith("reload"), task["name"]
     (ini,) = [t for t in tasks("configure.yml") if "grafana.ini" in t["name"]]
     assert ini["notify"] == "restart grafana" and ini["no_log"] is True
@@ -224,7 +332,19 @@ def test_provisioning_changes_reload_and_ini_or_package_changes_restart():
 
 def test_api_tasks_are_guarded_and_secret():
     for task in tasks("api.yml"):
-        assert "not ansible_check_mode" in task["when"], task["name"]
+        uri = task.get("ansible.builtin.uri", {})
+        # Writes and commands wait for a real run; reads also answer in check mode.
+        if (
+            uri.get("method", "GET") != "GET"
+            or "ansible.builtin.command" in task
+            or "include_tasks" in str(task)
+        ):
+            if "provision_org.yml" not in str(task):
+                assert "not ansible_check_mode" in task["when"], task["name"]
+        elif uri:
+            assert (
+                "not ansible_check_mode" in task.get("when", "") or task["check_mode"] is False
+            ), task["name"]
         if "url_password" in str(task) or "stdin" in str(task):
             assert task["no_log"] is True, task["name"]
     for name in ("api_org.yml", "api_team.yml"):
