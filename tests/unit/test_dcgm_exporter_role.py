@@ -23,11 +23,18 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import bcrypt
 import pytest
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "filter"))
+
+from gpufleet_openpgp import OpenPGPError, normalize_fingerprint
+from render_role import evaluate, template_value
+from test_openpgp import gpg, gpg_fingerprints
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "dcgm_exporter"
@@ -109,17 +116,24 @@ REFERENCE_FIELDS = frozenset(
 DCGM_HEADER_FIELDS = frozenset({"DCGM_FI_DEV_FB_TOTAL", "DCGM_FI_DEV_ROW_REMAP_PENDING"})
 KNOWN_FIELDS = REFERENCE_FIELDS | DCGM_HEADER_FIELDS
 
-SHA_A = "a" * 64
-SHA_B = "b" * 64
 DIGEST = "sha256:" + "c" * 64
+# NVIDIA's CUDA key (Debian/Ubuntu), the role's default pin; the EL key has no default,
+# so the scenarios add a stand-in for it (the render runs on whatever the test host is).
+CUDA_KEY_FINGERPRINT = "EB693B3035CD5710E231E123A4B469963BF863CC"
+EL_PIN = "0123456789ABCDEF0123456789ABCDEF01234567"
+PINS = {"3bf863cc.pub": CUDA_KEY_FINGERPRINT, "D42D0685.pub": EL_PIN}
+# As gpg prints them: groups of four, lower case here.
+SPACED_PINS = {
+    name: " ".join(pin[i : i + 4] for i in range(0, 40, 4)).lower() for name, pin in PINS.items()
+}
 
 # One localhost alias per scenario; host vars override the role defaults.
 SCENARIOS: dict[str, dict] = {
     "pkg_default": {
-        "dcgm_exporter_repo_key_sha256": {"3bf863cc.pub": SHA_A, "D42D0685.pub": SHA_B},
+        "dcgm_exporter_repo_key_fingerprint": PINS,
     },
     "pkg_profiling": {
-        "dcgm_exporter_repo_key_sha256": {"3bf863cc.pub": SHA_A, "D42D0685.pub": SHA_B},
+        "dcgm_exporter_repo_key_fingerprint": SPACED_PINS,
         "dcgm_exporter_profiling": True,
         "gpufleet_gpu_count": 4,
         "dcgm_exporter_device_allow": "gpu_count",
@@ -156,7 +170,20 @@ REFUSED: dict[str, tuple[dict, str]] = {
         {"dcgm_exporter_install_method": "container"},
         "dcgm_exporter_image_digest must be set",
     ),
-    "bad_no_key": ({}, "the repository key must be"),
+    "bad_no_key": (
+        {"dcgm_exporter_repo_key_fingerprint": {}},
+        "must be pinned by its OpenPGP fingerprint",
+    ),
+    # The long key id apt prints is not a fingerprint.
+    "bad_key_id_only": (
+        {
+            "dcgm_exporter_repo_key_fingerprint": {
+                "3bf863cc.pub": "A4B469963BF863CC",
+                "D42D0685.pub": "A4B469963BF863CC",
+            }
+        },
+        'dcgm_exporter_repo_key_fingerprint has "A4B469963BF863CC" for it',
+    ),
     "bad_prof_field_without_profiling": (
         {
             "dcgm_exporter_manage_repo": False,
@@ -357,6 +384,301 @@ def test_preflight_refuses_with_a_clear_message(rendered, name: str) -> None:
         rf"fatal: \[{name}\]: FAILED!.*?(?=\n(?:fatal|ok|TASK|PLAY)\b|\Z)", output, re.S
     )
     assert failure and message in " ".join(failure.group(0).split()), output[-6000:]
+
+
+# --- the repository key: pinned by OpenPGP fingerprint ---------------------------------
+
+FACTS = {
+    "Debian": {"os_family": "Debian", "distribution": "Debian", "distribution_major_version": "12"},
+    "Ubuntu": {"os_family": "Debian", "distribution": "Ubuntu", "distribution_version": "24.04"},
+    "EL": {"os_family": "RedHat", "distribution": "RedHat", "distribution_major_version": "9"},
+}
+PIN_TASK = "Check that the repository key is pinned by its fingerprint"
+
+
+def role_tasks(name: str) -> list[dict]:
+    return yaml.safe_load((ROLE / "tasks" / name).read_text())
+
+
+def task_named(tasks: list[dict], name: str) -> dict:
+    for task in tasks:
+        if task.get("name") == name:
+            return task
+        found = [t for t in task.get("block", []) + task.get("rescue", []) if t["name"] == name]
+        if found:
+            return found[0]
+    raise AssertionError(f"no task {name!r}")
+
+
+def pin_check(system: str, overrides: dict | None = None) -> tuple[bool, str]:
+    """Preflight's fingerprint assert for a host of that system: (passes, fail_msg)."""
+    task = task_named(role_tasks("preflight.yml"), PIN_TASK)
+    assert task["when"] == [
+        "dcgm_exporter_install_method == 'package'",
+        "dcgm_exporter_manage_repo | bool",
+    ]
+    values = {
+        "ansible_facts": {**FACTS[system], "architecture": "x86_64"},
+        "dcgm_exporter_download_dir": "/cache",  # its default needs a lookup
+        **(overrides or {}),
+    }
+    check = task["ansible.builtin.assert"]
+    passes = evaluate("dcgm_exporter", check["that"], "gpu001", values)
+    message = template_value("dcgm_exporter", check["fail_msg"], "gpu001", values)
+    return passes, " ".join(message.split())
+
+
+def test_default_pins_nvidias_cuda_key() -> None:
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    assert defaults["dcgm_exporter_repo_key_fingerprint"] == {"3bf863cc.pub": CUDA_KEY_FINGERPRINT}
+    assert CUDA_KEY_FINGERPRINT.endswith("A4B469963BF863CC"), "the long key id apt prints"
+
+
+@pytest.mark.parametrize("system", ["Debian", "Ubuntu"])
+def test_preflight_accepts_the_default_pin(system: str) -> None:
+    assert pin_check(system)[0] is True
+
+
+def test_preflight_refuses_el_without_a_fingerprint_and_says_how_to_get_it() -> None:
+    passes, message = pin_check("EL")
+    assert passes is False
+    assert "dcgm_exporter_repo_key_fingerprint has no entry for it" in message
+    assert "gpg --show-keys D42D0685.pub" in message
+    url = "https://developer.download.nvidia.com/compute/cuda/repos/rhel9/x86_64/D42D0685.pub"
+    assert url in message
+    pinned = {"3bf863cc.pub": CUDA_KEY_FINGERPRINT, "D42D0685.pub": EL_PIN}
+    assert pin_check("EL", {"dcgm_exporter_repo_key_fingerprint": pinned})[0] is True
+
+
+# The filter decides what a fingerprint is; preflight must agree with it, so a pin it lets
+# through never fails only later, on the controller, and no valid pin is refused.
+PIN_SHAPES = [
+    CUDA_KEY_FINGERPRINT,
+    CUDA_KEY_FINGERPRINT.lower(),
+    SPACED_PINS["3bf863cc.pub"],
+    "EB69 3B30 35CD 5710 E231  E123 A4B4 6996 3BF8 63CC",  # gpg's two-space middle
+    "ab" * 32,  # v6 fingerprint
+    "",
+    "A4B469963BF863CC",  # long key id
+    "3BF863CC",  # short key id
+    CUDA_KEY_FINGERPRINT[:-1],
+    CUDA_KEY_FINGERPRINT + "0",
+    "0x" + CUDA_KEY_FINGERPRINT,
+    "G" + CUDA_KEY_FINGERPRINT[1:],
+    "ab" * 32 + "c",
+]
+
+
+@pytest.mark.parametrize("pin", PIN_SHAPES)
+def test_preflight_accepts_exactly_what_the_select_filter_accepts(pin: str) -> None:
+    try:
+        normalize_fingerprint(pin)
+        valid = True
+    except OpenPGPError:
+        valid = False
+    pins = {"3bf863cc.pub": pin}
+    passes, message = pin_check("Debian", {"dcgm_exporter_repo_key_fingerprint": pins})
+    assert passes is valid
+    if not valid:
+        assert f'has "{pin}" for it' in message
+
+
+def test_preflight_refuses_a_malformed_fingerprint() -> None:
+    for pin in ("A4B469963BF863CC", CUDA_KEY_FINGERPRINT[:-1], "not a fingerprint"):
+        pins = {"3bf863cc.pub": pin}
+        assert pin_check("Debian", {"dcgm_exporter_repo_key_fingerprint": pins})[0] is False
+
+
+def test_each_host_gets_its_families_key_url_and_normalized_pin() -> None:
+    for system, key_file, distro in (
+        ("Debian", "3bf863cc.pub", "debian12"),
+        ("Ubuntu", "3bf863cc.pub", "ubuntu2404"),
+        ("EL", "D42D0685.pub", "rhel9"),
+    ):
+        key = evaluate(
+            "dcgm_exporter",
+            "_dcgm_exporter_key",
+            "gpu001",
+            {
+                "ansible_facts": {**FACTS[system], "architecture": "aarch64"},
+                "dcgm_exporter_download_dir": "/cache",
+                "dcgm_exporter_repo_key_fingerprint": SPACED_PINS,
+            },
+        )
+        base = "https://developer.download.nvidia.com/compute/cuda/repos"
+        assert key["url"] == f"{base}/{distro}/sbsa/{key_file}"
+        assert key["pin"] == PINS[key_file]
+        download = (
+            f"/cache/developer.download.nvidia.com_compute_cuda_repos_{distro}_sbsa_{key_file}"
+        )
+        assert key["download"] == download
+        # Named after the URL and the pin: a changed pin never finds a file verified for
+        # the old one.
+        assert key["verified"] == f"{download}.{PINS[key_file]}.asc"
+
+
+def test_install_tasks_pin_the_key_with_the_select_filter() -> None:
+    key_tasks = role_tasks("repository_key.yml")
+    (controller,) = [task for task in key_tasks if "block" in task]
+    assert controller["run_once"] is True
+    assert controller["delegate_to"] == "localhost"
+    assert controller["check_mode"] is False
+    download = task_named(key_tasks, "Download the repository key files")["ansible.builtin.get_url"]
+    assert download["force"] is True, "a re-published key file must be fetched again"
+    assert "checksum" not in download
+    assert (download["url"], download["dest"]) == ("{{ item.url }}", "{{ item.download }}")
+    keep = task_named(key_tasks, "Keep only the key with the pinned fingerprint")
+    content = keep["ansible.builtin.copy"]["content"]
+    assert "lookup('ansible.builtin.file', item.download)" in content
+    assert "| gpufleet_openpgp_select(item.pin)" in content
+    assert keep["ansible.builtin.copy"]["dest"] == "{{ item.verified }}"
+    assert "Nothing was changed on the hosts" in str(controller["rescue"])
+    install = task_named(role_tasks("install_package.yml"), "Install the repository signing key")
+    assert install["ansible.builtin.copy"]["src"] == "{{ __dcgm_exporter_key.verified }}"
+    assert install["ansible.builtin.copy"]["dest"] == "{{ __dcgm_exporter_repo.key_dest }}"
+    imported = [t.get("ansible.builtin.import_tasks") for t in role_tasks("install_package.yml")]
+    assert imported.index("repository_key.yml") < [
+        t["name"] for t in role_tasks("install_package.yml")
+    ].index("Install the repository signing key")
+
+
+# The controller half of the role, run for real against key files gpg made, served from
+# file:// URLs: one "repository" with the pinned key and an intruder, one mirror.
+KEY_PLAYBOOK = """
+- name: Fetch and verify the CUDA repository key as the role does
+  hosts: all
+  gather_facts: true
+  gather_subset: [min]
+  tasks:
+    - name: Publish the key file where the role will look for it
+      when: published_key is defined
+      vars:
+        path: "{{ _dcgm_exporter_key_url | regex_replace('^file://', '') }}"
+      block:
+        - name: Create the repository directory
+          ansible.builtin.file:
+            path: "{{ path | dirname }}"
+            state: directory
+            mode: "0755"
+
+        - name: Copy the key file
+          ansible.builtin.copy:
+            src: "{{ published_key }}"
+            dest: "{{ path }}"
+            mode: "0644"
+
+    - name: Fetch and verify
+      ansible.builtin.import_role:
+        name: dcgm_exporter
+        tasks_from: repository_key.yml
+"""
+
+
+@pytest.fixture(scope="module")
+def signing_keys() -> Iterator[list[tuple[str, str]]]:
+    """Two signing keys made by gpg: (fingerprint, armored key) each."""
+    if not shutil.which("gpg"):
+        pytest.skip("gpg not installed")
+    # gpg-agent's socket path must stay short: a home under /tmp, not pytest's tmp_path.
+    home = tempfile.mkdtemp(prefix="gk-", dir="/tmp")
+    try:
+        keys = []
+        for name in ("CUDA stand-in <cuda@example.org>", "Intruder <intruder@example.org>"):
+            gpg(home, "--passphrase", "", "--quick-gen-key", name, "ed25519", "sign", "never")
+            armored = gpg(home, "--armor", "--export", name)
+            keys.append((gpg_fingerprints(armored)[0], armored))
+        yield keys
+    finally:
+        subprocess.run(["gpgconf", "--homedir", home, "--kill", "all"], check=False)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def task_results(output: str, task: str) -> list[str]:
+    """The per-host (and per-item) result lines of one task of the role."""
+    section = output.split(f"TASK [dcgm_exporter : {task}]", 1)[1]
+    section = re.split(r"\n(?:TASK \[|PLAY RECAP|RUNNING HANDLER)", section, maxsplit=1)[0]
+    return re.findall(r"^(?:ok|changed|failed|fatal|skipping): .*$", section, re.M)
+
+
+def test_controller_keeps_only_the_pinned_key_once_per_url(signing_keys, tmp_path: Path) -> None:
+    (pinned, pinned_key), (intruder, intruder_key) = signing_keys
+    published = tmp_path / "published"
+    published.mkdir()
+    (published / "both.asc").write_text(pinned_key + intruder_key)
+    (published / "pinned.asc").write_text(pinned_key)
+    cache = tmp_path / "cache"
+    pins = {"3bf863cc.pub": pinned.lower(), "D42D0685.pub": pinned}
+    common = {
+        "dcgm_exporter_download_dir": str(cache),
+        "dcgm_exporter_repo_key_fingerprint": pins,
+    }
+    repos = {"dcgm_exporter_repo_url": f"file://{tmp_path}/repos"}
+    mirror = {"dcgm_exporter_repo_url": f"file://{tmp_path}/mirror/"}
+    hosts = {
+        "node_a": {**common, **repos, "published_key": str(published / "both.asc")},
+        "node_b": {**common, **repos},
+        "node_m": {**common, **mirror, "published_key": str(published / "pinned.asc")},
+        "node_unmanaged": {**common, "dcgm_exporter_manage_repo": False},
+    }
+    inventory = write_inventory(tmp_path / "inventory.yml", hosts)
+    playbook = tmp_path / "key.yml"
+    playbook.write_text(KEY_PLAYBOOK)
+
+    def play(inventory: Path = inventory) -> tuple[int, str]:
+        run = subprocess.run(
+            [str(ANSIBLE_PLAYBOOK), "-i", str(inventory), str(playbook)],
+            cwd=REPO,
+            env=ansible_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        return run.returncode, run.stdout + run.stderr
+
+    rc, output = play()
+    assert rc == 0, output[-6000:]
+    downloads = task_results(output, "Download the repository key files")
+    assert len(downloads) == 2, "one download per distinct URL"
+    assert all(line.startswith("changed: [") for line in downloads), downloads
+    assert "skipping: [node_unmanaged]" in task_results(
+        output, "Resolve the repository key of this host"
+    )
+    verified = sorted(cache.glob(f"*.{pinned}.asc"))
+    assert ["_mirror_" in path.name for path in verified] == [True, False]
+    for path in verified:
+        # gpg, not gpufleet's code, reads what the hosts would get: the pinned key alone.
+        assert gpg_fingerprints(path.read_text()) == [pinned]
+    downloaded = [path for path in cache.iterdir() if not path.name.endswith(".asc")]
+    assert sorted(len(gpg_fingerprints(path.read_text())) for path in downloaded) == [1, 2]
+    kept = {path: path.read_bytes() for path in verified}
+
+    # Nothing new: nothing changes.
+    rc, output = play()
+    assert rc == 0, output[-6000:]
+    assert {counts["changed"] for counts in recap(output).values()} == {0}, output[-6000:]
+
+    # The vendor re-publishes the file (here: the keys in another order). The download
+    # changes; the verified key, which is all the hosts see, does not.
+    (published / "both.asc").write_text(intruder_key + pinned_key)
+    rc, output = play()
+    assert rc == 0, output[-6000:]
+    assert any(
+        line.startswith("changed:")
+        for line in task_results(output, "Download the repository key files")
+    )
+    keep = task_results(output, "Keep only the key with the pinned fingerprint")
+    assert keep and not [line for line in keep if not line.startswith("ok:")], keep
+    assert {path: path.read_bytes() for path in verified} == kept
+
+    # A mirror that serves another key than the pin: refused before any host changes.
+    wrong = {"3bf863cc.pub": intruder, "D42D0685.pub": intruder}
+    hosts["node_m"] = {**hosts["node_m"], "dcgm_exporter_repo_key_fingerprint": wrong}
+    rc, output = play(write_inventory(tmp_path / "wrong-pin.yml", hosts))
+    assert rc != 0
+    flat = " ".join(output.split())
+    assert f"holds no key with fingerprint {intruder}; it holds {pinned}" in flat
+    assert "/mirror/" in flat and "Nothing was changed on the hosts" in flat
+    assert not list(cache.glob(f"*.{intruder}.asc")), "no verified file for a refused key"
 
 
 # --- counters file -------------------------------------------------------------------

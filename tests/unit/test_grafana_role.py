@@ -360,3 +360,18 @@ def test_none_method_skips_install_service_and_api():
         "when" not in main["Configure"]
         and "when" not in main["Provision datasources and dashboards"]
     )
+
+
+@pytest.mark.parametrize(
+    ("fingerprint", "ok"),
+    [
+        ("B53AE77BADB630A683046005963FA27710458545", True),
+        ("b53a e77b adb6 30a6 8304  6005 963f a277 1045 8545", True),
+        ("963FA27710458545", False),
+        ("", False),
+    ],
+)
+def test_preflight_wants_a_whole_fingerprint_for_the_repository(fingerprint, ok):
+    (task,) = [t for t in tasks("preflight.yml") if t["name"] == "Check the install method's inputs"]
+    values = {**SECRETS, "grafana_repository_key_fingerprint": fingerprint}
+    assert evaluate("grafana", task["ansible.builtin.assert"]["that"], "mon03", values) is ok
