@@ -372,6 +372,8 @@ def test_none_method_skips_install_service_and_api():
     ],
 )
 def test_preflight_wants_a_whole_fingerprint_for_the_repository(fingerprint, ok):
-    (task,) = [t for t in tasks("preflight.yml") if t["name"] == "Check the install method's inputs"]
+    (task,) = [
+        t for t in tasks("preflight.yml") if t["name"] == "Check the install method's inputs"
+    ]
     values = {**SECRETS, "grafana_repository_key_fingerprint": fingerprint}
     assert evaluate("grafana", task["ansible.builtin.assert"]["that"], "mon03", values) is ok
