@@ -60,6 +60,7 @@ PRECACHED_PACKAGES = [
     "slurm-client",
     "munge",
     "victoria-metrics",
+    "nftables",
 ]
 CONTAINERS_CONF = """\
 # Written by gpufleet's test bed: crun fails on these hosts (hybrid cgroups) and the
@@ -284,6 +285,9 @@ def start_host(name: str, address: str, network: str, tag: str) -> None:
             # Services under test use systemd sandboxing, which needs mount namespaces.
             "--cap-add",
             "SYS_ADMIN",
+            # exporter_firewall loads an nftables table in the host's network namespace.
+            "--cap-add",
+            "NET_ADMIN",
             "--security-opt",
             "seccomp=unconfined",
             "--label",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import ipaddress
 
 import bcrypt
 
@@ -80,6 +81,75 @@ def gpufleet_shard_targets(prometheus_hosts: list[str], hostvars, port_base: int
     return sorted(groups, key=lambda g: (int(g["labels"]["shard"]), g["labels"]["replica"]))
 
 
+def _networks(values, where: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    networks = []
+    for value in values or []:
+        try:
+            networks.append(ipaddress.ip_network(str(value).strip()))
+        except ValueError as err:
+            raise ValueError(f"{where}: {value!r} is not an IP address or CIDR ({err})") from err
+    return networks
+
+
+def gpufleet_firewall_sources(hostnames: list[str], hostvars, extra_sources=()) -> dict:
+    """Source networks allowed to reach exporter ports, as {"ipv4": [...], "ipv6": [...]}.
+
+    Each host of hostnames (the Prometheus hosts) contributes its
+    exporter_firewall_source_addresses when set (a host that scrapes from another
+    interface), else its ansible_host, the address Prometheus' targets use. A host
+    name is refused: a firewall that resolved names would depend on DNS when it loads.
+    The networks are collapsed per family (nftables refuses overlapping intervals)
+    and sorted, so the same inventory always renders the same rules.
+    """
+    networks = _networks(extra_sources, "exporter_firewall_extra_sources")
+    for name in sorted(set(hostnames)):
+        host = hostvars[name]
+        explicit = host.get("exporter_firewall_source_addresses") or []
+        if explicit:
+            networks += _networks(explicit, f"{name}: exporter_firewall_source_addresses")
+            continue
+        address = str(host.get("ansible_host") or name)
+        try:
+            networks.append(ipaddress.ip_network(address))
+        except ValueError as err:
+            raise ValueError(
+                f"{name}: ansible_host {address!r} is not an IP address; the exporter firewall "
+                f"needs the addresses {name} scrapes from: set exporter_firewall_source_addresses "
+                "for that host"
+            ) from err
+    families = {}
+    for version, key in ((4, "ipv4"), (6, "ipv6")):
+        collapsed = ipaddress.collapse_addresses(n for n in networks if n.version == version)
+        families[key] = [
+            str(n.network_address) if n.prefixlen == n.max_prefixlen else str(n)
+            for n in sorted(collapsed)
+        ]
+    return families
+
+
+def gpufleet_exporter_ports(exporters: dict, group_names: list[str], extra_ports=()) -> list[int]:
+    """TCP ports of the exporters that run on a host, plus extra ports, sorted and unique.
+
+    exporters maps an exporter to {group, port}: it runs on the hosts of that group
+    (the group its playbook targets; "all" is every host), listening on port.
+    """
+    ports = [
+        spec["port"]
+        for spec in (exporters or {}).values()
+        if spec["group"] == "all" or spec["group"] in (group_names or [])
+    ]
+    result = set()
+    for port in [*ports, *(extra_ports or [])]:
+        try:
+            number = int(port)
+        except (TypeError, ValueError):
+            number = 0
+        if not 0 < number < 65536:
+            raise ValueError(f"exporter firewall: {port!r} is not a TCP port")
+        result.add(number)
+    return sorted(result)
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
@@ -87,4 +157,6 @@ class FilterModule:
             "gpufleet_targets": gpufleet_targets,
             "gpufleet_prometheus_port": gpufleet_prometheus_port,
             "gpufleet_shard_targets": gpufleet_shard_targets,
+            "gpufleet_firewall_sources": gpufleet_firewall_sources,
+            "gpufleet_exporter_ports": gpufleet_exporter_ports,
         }

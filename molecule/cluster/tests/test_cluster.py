@@ -177,6 +177,15 @@ def test_dashboard_queries_return_data_from_the_live_prometheus():
     assert not empty, f"panels without data on a live cluster: {empty}"
 
 
+def test_exporter_firewall_lets_only_the_prometheus_hosts_in():
+    """exporter_firewall_enabled is on here: the shard tests above scrape through it."""
+    url = f"http://{hostvar('cl-gpu01', 'ansible_host')}:9100/metrics"
+    fetch = f"curl -sS -o /dev/null -w '%{{http_code}}' --max-time 3 {url}"
+    assert "cl-cpu01" not in group("prometheus") | group("prometheus_global")
+    assert host("cl-mon02").run(fetch).stdout == "200"
+    assert host("cl-cpu01").run(fetch).rc == 28, "cl-cpu01 reached cl-gpu01's node_exporter"
+
+
 def prometheus_state(base: str) -> tuple[str, str]:
     """(process start time, last successful reload time) of an instance."""
     start = query(base, 'process_start_time_seconds{job="prometheus"}')[0]["value"][1]

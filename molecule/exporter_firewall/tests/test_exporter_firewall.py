@@ -1,0 +1,296 @@
+"""The exporter firewall on real hosts: who reaches the exporter, and how it persists.
+
+fw-exporter runs node_exporter (9100) and an unrelated HTTP service (8080) with the
+firewall on; fw-prom is in the prometheus group; fw-other and the controller are not.
+Tests that change the firewall put it back; the last one reboots fw-exporter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from functools import cache
+from pathlib import Path
+
+import testinfra
+from testbed_helpers import restart_host
+
+SCENARIO = Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"])
+REPO = SCENARIO.parents[1]
+MOLECULE_INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
+TABLE = "gpufleet_exporters"
+UNIT = "gpufleet-exporter-firewall.service"
+RULES = "/etc/gpufleet/exporter-firewall.nft"
+CURL_TIMEOUT_RC = 28
+
+
+@cache
+def inventory() -> dict:
+    result = subprocess.run(
+        [
+            "ansible-inventory",
+            "-i",
+            MOLECULE_INVENTORY,
+            "-i",
+            str(SCENARIO / "inventory"),
+            "--list",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(result.stdout)
+
+
+def address(name: str) -> str:
+    return inventory()["_meta"]["hostvars"][name]["ansible_host"]
+
+
+def host(name: str):
+    return testinfra.get_host(f"ansible://{name}?ansible_inventory={MOLECULE_INVENTORY}")
+
+
+EXPORTER, PROM, OTHER = host("fw-exporter"), host("fw-prom"), host("fw-other")
+
+
+def fetch(source, port: int = 9100, path: str = "/metrics"):
+    """curl from source to fw-exporter; a short timeout, since a drop never answers."""
+    url = f"http://{address('fw-exporter')}:{port}{path}"
+    return source.run(f"curl -sS -o /dev/null -w '%{{http_code}}' --max-time 3 {url}")
+
+
+def assert_enforced() -> None:
+    assert fetch(PROM).stdout == "200"
+    assert fetch(OTHER).rc == CURL_TIMEOUT_RC, "fw-other reached node_exporter"
+
+
+def table() -> dict:
+    """Sets and chains of gpufleet's table as nft lists them."""
+    listed = json.loads(EXPORTER.check_output(f"nft -j list table inet {TABLE}"))["nftables"]
+    sets = {i["set"]["name"]: i["set"].get("elem", []) for i in listed if "set" in i}
+    chains = {i["chain"]["name"]: i["chain"] for i in listed if "chain" in i}
+    return {"sets": sets, "chains": chains}
+
+
+def table_loaded() -> bool:
+    return EXPORTER.run(f"nft list table inet {TABLE}").rc == 0
+
+
+def converge(*extra_vars: str) -> subprocess.CompletedProcess:
+    args = [arg for value in extra_vars for arg in ("-e", value)]
+    result = subprocess.run(
+        [
+            "ansible-playbook",
+            "-i",
+            MOLECULE_INVENTORY,
+            "-i",
+            str(SCENARIO / "inventory"),
+            str(SCENARIO / "converge.yml"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, ANSIBLE_NOCOLOR="1"),
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    return result
+
+
+def test_hosts_without_the_firewall_are_untouched():
+    for other in (PROM, OTHER):
+        assert not other.package("nftables").is_installed
+        assert not other.file(f"/etc/systemd/system/{UNIT}").exists
+
+
+def test_table_matches_the_inventory():
+    groups = inventory()
+    scrapers = set(groups.get("prometheus", {}).get("hosts", [])) | set(
+        groups.get("prometheus_global", {}).get("hosts", [])
+    )
+    assert scrapers == {"fw-prom"}
+    loaded = table()
+    assert loaded["sets"]["exporter_ports"] == [9100]
+    assert loaded["sets"]["allowed_ipv4"] == sorted(address(name) for name in scrapers)
+    assert loaded["sets"]["allowed_ipv6"] == []
+    hook = loaded["chains"]["input"]
+    assert (hook["hook"], hook["policy"], hook["family"]) == ("input", "accept", "inet")
+    service = EXPORTER.service(UNIT)
+    assert service.is_enabled and service.systemd_properties["ActiveState"] == "active"
+
+
+def test_prometheus_host_and_loopback_reach_the_exporter():
+    assert fetch(PROM).stdout == "200"
+    assert EXPORTER.run("curl -sSf -o /dev/null --max-time 3 http://127.0.0.1:9100/metrics").rc == 0
+
+
+def drops() -> int:
+    listed = json.loads(EXPORTER.check_output(f"nft -j list chain inet {TABLE} exporter_access"))
+    counters = [
+        expr["counter"]["packets"]
+        for item in listed["nftables"]
+        if "rule" in item
+        for expr in item["rule"]["expr"]
+        if "counter" in expr
+    ]
+    return counters[0]
+
+
+def test_other_hosts_are_dropped():
+    before = drops()
+    result = fetch(OTHER)
+    assert result.rc == CURL_TIMEOUT_RC, (result.rc, result.stdout, result.stderr)
+    assert drops() > before
+    # The controller is not a Prometheus host either.
+    controller = subprocess.run(
+        ["curl", "-sS", "--max-time", "3", f"http://{address('fw-exporter')}:9100/metrics"],
+        capture_output=True,
+        check=False,
+    )
+    assert controller.returncode == CURL_TIMEOUT_RC
+
+
+def test_ssh_and_other_ports_are_untouched():
+    assert fetch(OTHER, port=8080, path="/").stdout == "200"
+    target = address("fw-exporter")
+    assert OTHER.run(f"timeout 3 bash -c '</dev/tcp/{target}/22'").rc == 0
+    key = subprocess.run(
+        [sys.executable, str(REPO / "molecule" / "testbed" / "testbed.py"), "key"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    ssh = subprocess.run(
+        [
+            "ssh", "-i", key, "-o", "BatchMode=yes", "-o", "ControlMaster=no",
+            "-o", "ControlPath=none", "-o", "StrictHostKeyChecking=no",
+            "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5",
+            "-o", "LogLevel=ERROR", f"root@{target}", "echo", "reached",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )  # fmt: skip
+    assert ssh.stdout.strip() == "reached", ssh.stderr
+
+
+def test_rules_survive_a_restart_of_the_unit():
+    EXPORTER.check_output(f"systemctl restart {UNIT}")
+    assert table()["sets"]["allowed_ipv4"] == [address("fw-prom")]
+    assert_enforced()
+
+
+def test_stop_removes_only_gpufleets_table_and_start_restores_it():
+    EXPORTER.check_output("nft add table inet gpufleet_test_site")
+    try:
+        EXPORTER.check_output(f"systemctl stop {UNIT}")
+        assert not table_loaded()
+        assert EXPORTER.run("nft list table inet gpufleet_test_site").rc == 0
+        assert fetch(OTHER).stdout == "200", "the stopped firewall still filters"
+        EXPORTER.check_output(f"systemctl start {UNIT}")
+        assert table_loaded()
+        assert_enforced()
+    finally:
+        EXPORTER.run(f"systemctl start {UNIT}")
+        EXPORTER.run("nft delete table inet gpufleet_test_site")
+
+
+KEEPALIVE = """
+import http.client, os, sys, time
+conn = http.client.HTTPConnection(sys.argv[1], 9100, timeout=10)
+def get():
+    conn.request("GET", "/metrics")
+    response = conn.getresponse()
+    response.read()
+    return f"{conn.sock.getsockname()[1]} {response.status}"
+with open("/tmp/keepalive.out", "w", buffering=1) as out:
+    out.write("first " + get() + "\\n")
+    deadline = time.time() + 300
+    while not os.path.exists("/tmp/keepalive.go") and time.time() < deadline:
+        time.sleep(0.2)
+    try:
+        out.write("second " + get() + "\\n")
+    except Exception as err:
+        out.write(f"second error {err!r}\\n")
+"""
+
+
+def wait_for_line(source, path: str, prefix: str, timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in source.run(f"cat {path}").stdout.splitlines():
+            if line.startswith(prefix):
+                return line
+        time.sleep(0.5)
+    raise AssertionError(f"no {prefix!r} line in {path}")
+
+
+def test_config_change_reloads_and_keeps_established_connections():
+    PROM.run("rm -f /tmp/keepalive.out /tmp/keepalive.go")
+    PROM.check_output(f"cat > /tmp/keepalive.py <<'EOF'\n{KEEPALIVE}\nEOF")
+    PROM.check_output(
+        f"systemd-run --collect --unit gpufleet-test-keepalive python3 /tmp/keepalive.py "
+        f"{address('fw-exporter')}"
+    )
+    try:
+        first = wait_for_line(PROM, "/tmp/keepalive.out", "first ").split()
+        assert first[2] == "200"
+        started = EXPORTER.service(UNIT).systemd_properties["ActiveEnterTimestampMonotonic"]
+
+        result = converge('{"exporter_firewall_extra_ports": [8080]}')
+        assert "RUNNING HANDLER [exporter_firewall : Reload the exporter firewall]" in result.stdout
+        assert table()["sets"]["exporter_ports"] == [8080, 9100]
+        # Reloaded, not restarted: a restart would leave the ports open in between.
+        assert EXPORTER.service(UNIT).systemd_properties["ActiveEnterTimestampMonotonic"] == started
+
+        PROM.check_output("touch /tmp/keepalive.go")
+        second = wait_for_line(PROM, "/tmp/keepalive.out", "second ").split()
+        assert second[1:] == first[1:], "the established scrape connection did not survive"
+
+        assert fetch(OTHER, port=8080, path="/").rc == CURL_TIMEOUT_RC
+        assert fetch(PROM, port=8080, path="/").stdout == "200"
+    finally:
+        PROM.run("touch /tmp/keepalive.go; systemctl stop gpufleet-test-keepalive")
+        converge()
+    assert table()["sets"]["exporter_ports"] == [9100]
+    assert fetch(OTHER, port=8080, path="/").stdout == "200"
+
+
+def test_a_table_removed_behind_the_units_back_is_restored_by_the_next_run():
+    EXPORTER.check_output(f"nft delete table inet {TABLE}")
+    assert fetch(OTHER).stdout == "200"
+    result = converge()
+    assert "changed: [fw-exporter]" in result.stdout
+    assert table_loaded()
+    assert_enforced()
+
+
+def test_disabling_removes_the_firewall():
+    try:
+        converge("exporter_firewall_enabled=false")
+        assert not table_loaded()
+        assert not EXPORTER.file(f"/etc/systemd/system/{UNIT}").exists
+        assert not EXPORTER.file(RULES).exists
+        assert EXPORTER.run(f"systemctl cat {UNIT}").rc != 0, "systemd still knows the unit"
+        assert fetch(OTHER).stdout == "200"
+        assert EXPORTER.service("node_exporter").is_running
+    finally:
+        converge()
+    assert table_loaded()
+    assert_enforced()
+
+
+# Last: it reboots the exporter host.
+def test_rules_survive_a_reboot():
+    restart_host(EXPORTER)
+    for _ in range(30):
+        if EXPORTER.service("node_exporter").is_running and table_loaded():
+            break
+        time.sleep(1)
+    assert table_loaded()
+    assert EXPORTER.service(UNIT).is_enabled
+    assert_enforced()
