@@ -8,7 +8,9 @@ serve them the way an air-gapped site's mirror would (GitHub's paths under one r
     mirror.py release --root DIR --package prometheus-node-exporter \
         --binary usr/bin/prometheus-node-exporter --project prometheus/node_exporter \
         --name node_exporter [--tamper]       prints {"version", "arch", "sha256", "url_path"}
-    mirror.py serve --root DIR --port N --pidfile F    start a loopback HTTP server
+    mirror.py serve --root DIR --port N --pidfile F [--bind ADDR]
+                                       start an HTTP server (default on loopback; a
+                                       scenario's bridge address serves its test hosts)
     mirror.py stop --pidfile F
 """
 
@@ -100,7 +102,7 @@ def serve(args: argparse.Namespace) -> None:
             "http.server",
             str(args.port),
             "--bind",
-            "127.0.0.1",
+            args.bind,
             "--directory",
             args.root,
         ],
@@ -111,11 +113,11 @@ def serve(args: argparse.Namespace) -> None:
     Path(args.pidfile).write_text(str(server.pid))
     for _ in range(50):
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{args.port}/", timeout=1)
+            urllib.request.urlopen(f"http://{args.bind}:{args.port}/", timeout=1)
             return
         except OSError:
             time.sleep(0.1)
-    raise SystemExit(f"mirror: server on 127.0.0.1:{args.port} did not start")
+    raise SystemExit(f"mirror: server on {args.bind}:{args.port} did not start")
 
 
 def stop(args: argparse.Namespace) -> None:
@@ -140,6 +142,7 @@ def main() -> None:
     p.add_argument("--root", required=True)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--pidfile", required=True)
+    p.add_argument("--bind", default="127.0.0.1")
     p = sub.add_parser("stop")
     p.add_argument("--pidfile", required=True)
     args = parser.parse_args()
