@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 TESTBED = Path(__file__).resolve().parents[2] / "testbed" / "testbed.py"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def host_address(host) -> str:
@@ -51,3 +54,33 @@ def probe_from_network(host, url: str, *curl_args: str) -> str:
         timeout=120,
     )
     return result.stdout
+
+
+def converge(
+    *extra_vars: str,
+    inventories: Sequence[str] = (),
+    tags: str | None = None,
+    limit: str | None = None,
+    timeout: int = 600,
+) -> subprocess.CompletedProcess:
+    """Rerun the scenario's converge playbook, as an admin's rerun would.
+
+    extra_vars are `-e` values; inventories are added after molecule's; tags and limit
+    narrow the run, which keeps reruns of one role short. Output comes back uncoloured.
+    """
+    scenario = Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"])
+    args = ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"]]
+    for inventory in inventories:
+        args += ["-i", inventory]
+    if tags:
+        args += ["--tags", tags]
+    if limit:
+        args += ["--limit", limit]
+    args.append(str(scenario / "converge.yml"))
+    for extra in extra_vars:
+        args += ["-e", extra]
+    # Molecule exports ANSIBLE_FORCE_COLOR, which beats ANSIBLE_NOCOLOR.
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    result = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
+    result.stdout, result.stderr = ANSI.sub("", result.stdout), ANSI.sub("", result.stderr)
+    return result
