@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 
 import testinfra
-from testbed_helpers import restart_host
+from testbed_helpers import converge, restart_host
 
 SCENARIO = Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"])
 REPO = SCENARIO.parents[1]
@@ -79,23 +79,8 @@ def table_loaded() -> bool:
     return EXPORTER.run(f"nft list table inet {TABLE}").rc == 0
 
 
-def converge(*extra_vars: str) -> subprocess.CompletedProcess:
-    args = [arg for value in extra_vars for arg in ("-e", value)]
-    result = subprocess.run(
-        [
-            "ansible-playbook",
-            "-i",
-            MOLECULE_INVENTORY,
-            "-i",
-            str(SCENARIO / "inventory"),
-            str(SCENARIO / "converge.yml"),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, ANSIBLE_NOCOLOR="1"),
-    )
+def rerun(*extra_vars: str) -> subprocess.CompletedProcess:
+    result = converge(*extra_vars, inventories=[str(SCENARIO / "inventory")])
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     return result
 
@@ -241,7 +226,7 @@ def test_config_change_reloads_and_keeps_established_connections():
         assert first[2] == "200"
         started = EXPORTER.service(UNIT).systemd_properties["ActiveEnterTimestampMonotonic"]
 
-        result = converge('{"exporter_firewall_extra_ports": [8080]}')
+        result = rerun('{"exporter_firewall_extra_ports": [8080]}')
         assert "RUNNING HANDLER [exporter_firewall : Reload the exporter firewall]" in result.stdout
         assert table()["sets"]["exporter_ports"] == [8080, 9100]
         # Reloaded, not restarted: a restart would leave the ports open in between.
@@ -255,7 +240,7 @@ def test_config_change_reloads_and_keeps_established_connections():
         assert fetch(PROM, port=8080, path="/").stdout == "200"
     finally:
         PROM.run("touch /tmp/keepalive.go; systemctl stop gpufleet-test-keepalive")
-        converge()
+        rerun()
     assert table()["sets"]["exporter_ports"] == [9100]
     assert fetch(OTHER, port=8080, path="/").stdout == "200"
 
@@ -263,7 +248,7 @@ def test_config_change_reloads_and_keeps_established_connections():
 def test_a_table_removed_behind_the_units_back_is_restored_by_the_next_run():
     EXPORTER.check_output(f"nft delete table inet {TABLE}")
     assert fetch(OTHER).stdout == "200"
-    result = converge()
+    result = rerun()
     assert "changed: [fw-exporter]" in result.stdout
     assert table_loaded()
     assert_enforced()
@@ -271,7 +256,7 @@ def test_a_table_removed_behind_the_units_back_is_restored_by_the_next_run():
 
 def test_disabling_removes_the_firewall():
     try:
-        converge("exporter_firewall_enabled=false")
+        rerun("exporter_firewall_enabled=false")
         assert not table_loaded()
         assert not EXPORTER.file(f"/etc/systemd/system/{UNIT}").exists
         assert not EXPORTER.file(RULES).exists
@@ -279,18 +264,32 @@ def test_disabling_removes_the_firewall():
         assert fetch(OTHER).stdout == "200"
         assert EXPORTER.service("node_exporter").is_running
     finally:
-        converge()
+        rerun()
     assert table_loaded()
     assert_enforced()
 
 
 # Last: it reboots the exporter host.
+def reaches_ssh(source) -> bool:
+    """Whether source opens a TCP connection to fw-exporter's sshd (not an exporter port)."""
+    target = f"/dev/tcp/{address('fw-exporter')}/22"
+    return source.run(f"timeout 3 bash -c '</dev/null >{target}'").rc == 0
+
+
 def test_rules_survive_a_reboot():
     restart_host(EXPORTER)
+    # The restarted container comes back with a new MAC address: the peers' neighbour
+    # caches need a few seconds, and until then every port looks dropped.
     for _ in range(30):
-        if EXPORTER.service("node_exporter").is_running and table_loaded():
+        if (
+            EXPORTER.service("node_exporter").is_running
+            and table_loaded()
+            and reaches_ssh(PROM)
+            and reaches_ssh(OTHER)
+        ):
             break
         time.sleep(1)
     assert table_loaded()
     assert EXPORTER.service(UNIT).is_enabled
+    assert reaches_ssh(OTHER), "fw-other cannot reach fw-exporter at all after the reboot"
     assert_enforced()

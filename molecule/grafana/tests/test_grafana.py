@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -20,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from testbed_helpers import converge
 
 testinfra_hosts = ["all"]
 EPHEMERAL = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"])
-SCENARIO = Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"])
 DASHBOARDS = Path(__file__).resolve().parents[3] / "roles" / "grafana" / "files" / "dashboards"
 ADDRESS = "10.203.16.11"
 REPO_URL = "http://10.203.16.1:18095"
@@ -104,21 +103,6 @@ def calls(host, path_suffix: str) -> int:
 
 def main_pid(host) -> str:
     return host.service("grafana-server").systemd_properties["MainPID"]
-
-
-def converge(*extra_vars: str) -> subprocess.CompletedProcess:
-    """Rerun the scenario's converge playbook, as an admin's rerun would."""
-    args = [
-        "ansible-playbook",
-        "-i",
-        os.environ["MOLECULE_INVENTORY_FILE"],
-        str(SCENARIO / "converge.yml"),
-    ]
-    for extra in extra_vars:
-        args += ["-e", extra]
-    return subprocess.run(
-        args, capture_output=True, text=True, timeout=600, env=dict(os.environ, ANSIBLE_NOCOLOR="1")
-    )
 
 
 def key_fingerprints(host, path: str) -> list[str]:

@@ -7,18 +7,16 @@ import hashlib
 import io
 import os
 import ssl
-import subprocess
 import tarfile
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import yaml
-from testbed_helpers import host_address
+from testbed_helpers import converge, host_address
 
 testinfra_hosts = ["all"]
 EPHEMERAL = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"])
-SCENARIO = Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"])
 BINARY = "/usr/local/bin/node_exporter"
 
 
@@ -41,21 +39,6 @@ def scrape(
             return response.status
     except urllib.error.HTTPError as error:
         return error.code
-
-
-def converge(*extra_vars: str) -> subprocess.CompletedProcess:
-    """Rerun the scenario's converge playbook, as an admin's rerun would."""
-    args = [
-        "ansible-playbook",
-        "-i",
-        os.environ["MOLECULE_INVENTORY_FILE"],
-        str(SCENARIO / "converge.yml"),
-    ]
-    for extra in extra_vars:
-        args += ["-e", extra]
-    return subprocess.run(
-        args, capture_output=True, text=True, timeout=600, env=dict(os.environ, ANSIBLE_NOCOLOR="1")
-    )
 
 
 def main_pid(host) -> str:

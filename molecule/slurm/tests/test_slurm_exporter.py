@@ -10,15 +10,14 @@ drained node, slurmctld down.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
+from testbed_helpers import converge
 
 testinfra_hosts = ["gpufleet-slurmctl"]
 
@@ -29,7 +28,6 @@ INTERVAL = 5
 TIMEOUT = 3
 NODES = ("gpufleet-slurm-gpu1", "gpufleet-slurm-gpu2")
 JOB = "srun /usr/local/bin/gpufleet-test-gpu-job 900"
-SCENARIO = Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"])
 LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
@@ -168,21 +166,7 @@ def exporter_nodes(body: str) -> set[tuple[str, str, str]]:
 
 def converge_exporter(*extra_vars: str) -> subprocess.CompletedProcess:
     """Rerun converge.yml for the exporter alone, as an admin changing a flag would."""
-    args = [
-        "ansible-playbook",
-        "-i",
-        os.environ["MOLECULE_INVENTORY_FILE"],
-        "--limit",
-        "gpufleet-slurmctl",
-        "--tags",
-        "slurm_exporter",
-        str(SCENARIO / "converge.yml"),
-    ]
-    for extra in extra_vars:
-        args += ["-e", extra]
-    return subprocess.run(
-        args, capture_output=True, text=True, timeout=300, env=dict(os.environ, ANSIBLE_NOCOLOR="1")
-    )
+    return converge(*extra_vars, tags="slurm_exporter", limit="gpufleet-slurmctl", timeout=300)
 
 
 def main_pid(host) -> str:
