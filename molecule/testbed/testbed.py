@@ -32,7 +32,18 @@ REPO = Path(__file__).resolve().parents[2]
 STATE_DIR = Path(os.environ.get("GPUFLEET_TESTBED_DIR", REPO / ".cache" / "testbed"))
 SUITE = "bookworm"
 IMAGE_REPO = "localhost/gpufleet-testbed"
-HOST_TOOLS = ["podman", "runc", "debootstrap", "uidmap", "openssh-client"]
+# netavark and aardvark-dns are only recommended by Debian's podman, which otherwise
+# falls back to CNI without name resolution: the hosts must resolve each other.
+HOST_TOOLS = [
+    "podman",
+    "runc",
+    "debootstrap",
+    "uidmap",
+    "openssh-client",
+    "netavark",
+    "aardvark-dns",
+]
+NETAVARK = ("/usr/lib/podman/netavark", "/usr/lib/podman/aardvark-dns")
 # Installed in the image: what every managed host has before Ansible touches it.
 BASE_PACKAGES = [
     "systemd",
@@ -61,6 +72,8 @@ PRECACHED_PACKAGES = [
     "munge",
     "victoria-metrics",
     "nftables",
+    # The Slurm exporter checks basic auth passwords with it.
+    "python3-bcrypt",
 ]
 CONTAINERS_CONF = """\
 # Written by gpufleet's test bed: crun fails on these hosts (hybrid cgroups) and the
@@ -69,6 +82,9 @@ CONTAINERS_CONF = """\
 default_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]
 [engine]
 runtime = "runc"
+# Name resolution between the hosts of a network (aardvark-dns); CNI has none here.
+[network]
+network_backend = "netavark"
 """
 SSHD_KEYGEN_DROPIN = """\
 [Service]
@@ -129,13 +145,14 @@ def setup() -> None:
         for tool in ("podman", "runc", "debootstrap", "ssh-keygen", "newuidmap")
         if shutil.which(tool) is None
     ]
+    missing += [path for path in NETAVARK if not Path(path).exists()]
     if missing:
         log(f"installing {' '.join(HOST_TOOLS)} (missing: {' '.join(missing)})")
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
         run(["apt-get", "update", "-qq"], env=env)
         run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *HOST_TOOLS], env=env)
     conf = Path("/etc/containers/containers.conf")
-    if not conf.exists() or "gpufleet" not in conf.read_text():
+    if not conf.exists() or conf.read_text() != CONTAINERS_CONF:
         conf.parent.mkdir(parents=True, exist_ok=True)
         conf.write_text(CONTAINERS_CONF)
     ssh_key()
