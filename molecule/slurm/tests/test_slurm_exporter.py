@@ -10,6 +10,7 @@ drained node, slurmctld down.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -406,6 +407,56 @@ def test_flag_change_restarts_and_the_job_series_cap_holds(host, jobs):
     assert result.returncode == 0, result.stdout[-3000:]
     body = collected_after(host, host_time(host))
     assert exporter_allocations(body) == scontrol_allocations(host)
+
+
+def self_signed(tmp_path) -> tuple[str, str]:
+    """A throwaway certificate for 127.0.0.1 and its key, made on the controller."""
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", str(tmp_path / "tls.key"), "-out", str(tmp_path / "tls.crt"),
+         "-subj", "/CN=gpufleet-slurmctl", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-days", "2"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return (tmp_path / "tls.crt").read_text(), (tmp_path / "tls.key").read_text()
+
+
+def test_tls_and_basic_auth_switch_on_and_off_without_a_restart(host, tmp_path):
+    cert, key = self_signed(tmp_path)
+    password = "molecule-only-scrape-4Rt9"
+    secured = {
+        "slurm_exporter_tls_cert": cert,
+        "slurm_exporter_tls_key": key,
+        "slurm_exporter_basic_auth_users": {"prometheus": password},
+    }
+    pid = main_pid(host)
+    host.check_output(f"printf '%s' {shlex.quote(cert)} > /tmp/exporter-ca.crt")
+    https = URL.replace("http://", "https://")
+    curl = "curl -sS --max-time 3 --cacert /tmp/exporter-ca.crt -o /dev/null -w '%{http_code}'"
+    try:
+        result = converge_exporter(json.dumps(secured))
+        assert result.returncode == 0, result.stdout[-3000:]
+        assert password not in result.stdout and "PRIVATE KEY" not in result.stdout
+        mode = host.file("/etc/gpufleet/slurm-exporter/tls.key")
+        assert (mode.mode, mode.user, mode.group) == (0o640, "root", USER)
+        # The exporter rereads its web config: TLS and auth are on, same process.
+        assert host.check_output(f"{curl} {https}") == "401"
+        assert host.check_output(f"{curl} -u prometheus:wrong-password {https}") == "401"
+        body = host.check_output(
+            f"curl -fsS --max-time 3 --cacert /tmp/exporter-ca.crt -u prometheus:{password} {https}"
+        )
+        assert value(body, "slurm_up") == 1
+        assert host.run(f"curl -sS --max-time 3 {URL}").rc != 0  # no plain HTTP any more
+        assert main_pid(host) == pid
+        # A rerun with the same settings changes nothing (the bcrypt hash is stable).
+        again = converge_exporter(json.dumps(secured))
+        assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout[-3000:]
+    finally:
+        result = converge_exporter()
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert value(metrics(host), "slurm_up") == 1
+    assert not host.file("/etc/gpufleet/slurm-exporter/tls.key").exists
+    assert main_pid(host) == pid
 
 
 def test_keeps_serving_with_slurmctld_down(host, jobs):

@@ -18,13 +18,18 @@ render() (pure); the subprocess runner, the collector thread and the HTTP server
 from __future__ import annotations
 
 import argparse
+import base64
+import binascii
 import contextlib
+import hashlib
+import json
 import logging
 import math
 import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -33,6 +38,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 __version__ = "0.1.0"
 
@@ -1291,13 +1297,229 @@ class Collector:
 INDEX_HTML = b"""<html><head><title>gpufleet Slurm exporter</title></head>
 <body><h1>gpufleet Slurm exporter</h1><p><a href="/metrics">Metrics</a></p></body></html>
 """
+TLS_VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+CLIENT_AUTH_TYPES = {
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+TLS_HANDSHAKE_TIMEOUT = 10.0
 
 
-def make_handler(collector: Collector) -> type[BaseHTTPRequestHandler]:
+class WebConfigError(ValueError):
+    """The web config file is unreadable or not in the expected shape."""
+
+
+@dataclass(frozen=True)
+class WebSettings:
+    """What one version of the web config file asks for."""
+
+    tls: ssl.SSLContext | None = None
+    users: Mapping[str, str] = field(default_factory=dict)  # user -> bcrypt hash
+
+
+def parse_web_config(text: str, base: Path) -> tuple[dict[str, str] | None, dict[str, str]]:
+    """(tls_server_config as file paths, basic_auth_users) of a web config document.
+
+    The shape is the Prometheus exporter-toolkit's web config (the one node_exporter
+    reads), written as JSON so the standard library parses it: ``tls_server_config``
+    (``cert_file``, ``key_file``, optional ``client_ca_file``, ``client_auth_type``,
+    ``min_version``) and ``basic_auth_users`` (user -> bcrypt hash). Relative paths are
+    relative to the file's directory, as in exporter-toolkit.
+    """
+    try:
+        doc = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise WebConfigError(f"not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise WebConfigError("the document must be an object")
+    unknown = set(doc) - {"tls_server_config", "basic_auth_users"}
+    if unknown:
+        raise WebConfigError(f"unknown keys {sorted(unknown)}")
+    users = doc.get("basic_auth_users") or {}
+    if not isinstance(users, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and v.startswith("$2") for k, v in users.items()
+    ):
+        raise WebConfigError("basic_auth_users must map user names to bcrypt hashes")
+    tls = doc.get("tls_server_config")
+    if tls is None:
+        return None, dict(users)
+    if not isinstance(tls, dict):
+        raise WebConfigError("tls_server_config must be an object")
+    unknown = set(tls) - {
+        "cert_file",
+        "key_file",
+        "client_ca_file",
+        "client_auth_type",
+        "min_version",
+    }
+    if unknown:
+        raise WebConfigError(f"tls_server_config: unknown keys {sorted(unknown)}")
+    if not tls.get("cert_file") or not tls.get("key_file"):
+        raise WebConfigError("tls_server_config needs cert_file and key_file")
+    if tls.get("min_version", "TLS12") not in TLS_VERSIONS:
+        raise WebConfigError(f"tls_server_config.min_version must be one of {sorted(TLS_VERSIONS)}")
+    auth_type = tls.get("client_auth_type", "NoClientCert")
+    if auth_type not in CLIENT_AUTH_TYPES:
+        raise WebConfigError(
+            f"tls_server_config.client_auth_type must be one of {sorted(CLIENT_AUTH_TYPES)}"
+        )
+    if (auth_type != "NoClientCert") != bool(tls.get("client_ca_file")):
+        raise WebConfigError(
+            "client_ca_file and a client_auth_type other than NoClientCert go together"
+        )
+    paths = {
+        key: str(base / value) for key, value in tls.items() if key.endswith("_file") and value
+    }
+    return {
+        **tls,
+        **paths,
+        "min_version": tls.get("min_version", "TLS12"),
+        "client_auth_type": auth_type,
+    }, dict(users)
+
+
+def tls_context(tls: Mapping[str, str]) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = TLS_VERSIONS[tls["min_version"]]
+    try:
+        context.load_cert_chain(tls["cert_file"], tls["key_file"])
+        if tls.get("client_ca_file"):
+            context.load_verify_locations(cafile=tls["client_ca_file"])
+    except (OSError, ssl.SSLError) as exc:
+        raise WebConfigError(f"TLS certificate or key: {exc}") from exc
+    context.verify_mode = CLIENT_AUTH_TYPES[tls["client_auth_type"]]
+    return context
+
+
+class WebConfig:
+    """The web config file, reread whenever it or a file it names changes.
+
+    Like node_exporter's --web.config.file: a new certificate, key or user list takes
+    effect on the next connection, with no restart. A changed file that does not load
+    keeps the last good settings (and is logged); at start it is an error.
+    """
+
+    def __init__(self, path: str | None) -> None:
+        self.path = Path(path) if path else None
+        self._lock = threading.Lock()
+        self._stamp: tuple | None = None
+        self._files: list[str] = []
+        self._settings = WebSettings()
+        if self.path is not None:
+            self._load()
+
+    @staticmethod
+    def _stamp_of(names: Iterable[str]) -> tuple:
+        stamps = []
+        for name in names:
+            try:
+                st = os.stat(name)
+                stamps.append((name, st.st_mtime_ns, st.st_size, st.st_ino))
+            except OSError:
+                stamps.append((name, None))
+        return tuple(stamps)
+
+    def _file_stamp(self) -> tuple:
+        return self._stamp_of([str(self.path), *self._files])
+
+    def _load(self) -> None:
+        assert self.path is not None
+        # Each file is stat'ed before it is read: a change in between is seen next time.
+        config_stamp = self._stamp_of([str(self.path)])
+        try:
+            text = self.path.read_text()
+            tls, users = parse_web_config(text, self.path.parent)
+            files = [v for k, v in (tls or {}).items() if k.endswith("_file")]
+            files_stamp = self._stamp_of(files)
+            context = tls_context(tls) if tls else None
+            if users:
+                bcrypt_module()  # fail now, not at the first scrape
+        except OSError as exc:
+            raise WebConfigError(f"{self.path}: {exc}") from exc
+        except WebConfigError as exc:
+            raise WebConfigError(f"{self.path}: {exc}") from exc
+        self._files = files
+        self._settings = WebSettings(tls=context, users=users)
+        self._stamp = config_stamp + files_stamp
+
+    def current(self) -> WebSettings:
+        if self.path is None:
+            return self._settings
+        with self._lock:
+            if self._file_stamp() != self._stamp:
+                try:
+                    self._load()
+                    LOG.info("web config %s reloaded", self.path)
+                except WebConfigError as exc:
+                    self._stamp = self._file_stamp()  # log once per change, not per request
+                    LOG.error("keeping the previous web config: %s", exc)
+            return self._settings
+
+
+def bcrypt_module():
+    try:
+        import bcrypt  # only sites with basic auth need it
+    except ImportError as exc:
+        raise WebConfigError(
+            "basic_auth_users needs the bcrypt module (Debian/EL package python3-bcrypt)"
+        ) from exc
+    return bcrypt
+
+
+class Authenticator:
+    """Basic auth against bcrypt hashes, remembering credentials it already verified.
+
+    bcrypt is deliberately slow (tens of milliseconds); Prometheus sends the same
+    credentials with every scrape, so a verified (user, hash, password digest) is kept.
+    """
+
+    def __init__(self) -> None:
+        self._verified: set[tuple[str, str, bytes]] = set()
+        self._lock = threading.Lock()
+
+    def allowed(self, header: str | None, users: Mapping[str, str]) -> bool:
+        if not users:
+            return True
+        if not header or not header.startswith("Basic "):
+            return False
+        try:
+            user, sep, password = (
+                base64.b64decode(header[6:], validate=True).decode().partition(":")
+            )
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        hashed = users.get(user) if sep else None
+        if hashed is None:
+            return False
+        key = (user, hashed, hashlib.sha256(password.encode()).digest())
+        with self._lock:
+            if key in self._verified:
+                return True
+        if not bcrypt_module().checkpw(password.encode(), hashed.encode()):
+            return False
+        with self._lock:
+            if len(self._verified) > 1000:
+                self._verified.clear()
+            self._verified.add(key)
+        return True
+
+
+def make_handler(
+    collector: Collector, web: WebConfig, auth: Authenticator
+) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = f"gpufleet_slurm_exporter/{__version__}"
 
         def do_GET(self) -> None:
+            if not auth.allowed(self.headers.get("Authorization"), web.current().users):
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Basic realm="gpufleet"')
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                self.send_header("Content-Length", "13")
+                self.end_headers()
+                self.wfile.write(b"Unauthorized\n")
+                return
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
                 self._send(200, "text/plain; version=0.0.4; charset=utf-8", collector.snapshot())
@@ -1327,14 +1549,35 @@ def parse_listen_address(addr: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def make_server(addr: str, collector: Collector) -> ThreadingHTTPServer:
+def make_server(
+    addr: str, collector: Collector, web: WebConfig | None = None
+) -> ThreadingHTTPServer:
     host, port = parse_listen_address(addr)
+    web = web or WebConfig(None)
 
     class Server(ThreadingHTTPServer):
         daemon_threads = True
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
-    return Server((host, port), make_handler(collector))
+        def finish_request(self, request, client_address) -> None:
+            # Runs in the connection's own thread: a slow TLS handshake holds up no one else.
+            context = web.current().tls
+            if context is None:
+                super().finish_request(request, client_address)
+                return
+            request.settimeout(TLS_HANDSHAKE_TIMEOUT)
+            try:
+                tls = context.wrap_socket(request, server_side=True)
+            except (OSError, ssl.SSLError) as exc:
+                LOG.debug("TLS handshake with %s failed: %s", client_address[0], exc)
+                return
+            try:
+                tls.settimeout(None)
+                super().finish_request(tls, client_address)
+            finally:
+                tls.close()
+
+    return Server((host, port), make_handler(collector, web, Authenticator()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1357,9 +1600,28 @@ def main(argv: list[str] | None = None) -> int:
         help="serve a failed command's last good values this long (default 300 s)",
     )
     p.add_argument("--slurm-bin-dir", default=None, help="directory of the Slurm commands")
+    p.add_argument(
+        "--web-config-file",
+        default=None,
+        help="TLS and basic auth, in node_exporter's web config shape written as JSON;"
+        " reread when it changes",
+    )
+    p.add_argument(
+        "--check-web-config",
+        metavar="FILE",
+        default=None,
+        help="only check that FILE loads as a web config (exit 0) or say why not (exit 2)",
+    )
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--version", action="version", version=__version__)
     args = p.parse_args(argv)
+    if args.check_web_config is not None:
+        try:
+            WebConfig(args.check_web_config)
+        except WebConfigError as exc:
+            print(f"web config: {exc}", file=sys.stderr)
+            return 2
+        return 0
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -1374,7 +1636,12 @@ def main(argv: list[str] | None = None) -> int:
         target=collector.loop, args=(args.collect_interval, stop), name="collector", daemon=True
     )
     try:
-        server = make_server(args.listen_address, collector)
+        web = WebConfig(args.web_config_file)
+    except WebConfigError as exc:
+        LOG.error("web config: %s", exc)
+        return 2
+    try:
+        server = make_server(args.listen_address, collector, web)
     except (OSError, ValueError) as exc:
         LOG.error("cannot listen on %s: %s", args.listen_address, exc)
         return 2
@@ -1387,7 +1654,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     thread.start()
-    LOG.info("listening on %s", args.listen_address)
+    LOG.info(
+        "listening on %s (%s%s)",
+        args.listen_address,
+        "https" if web.current().tls else "http",
+        ", basic auth" if web.current().users else "",
+    )
     server.serve_forever()
     server.server_close()
     return 0

@@ -1,0 +1,91 @@
+"""roles/slurm_exporter: the web config it renders is one the exporter accepts.
+
+The template is rendered with Ansible's Templar and gpufleet's filters (bcrypt hashing
+as for node_exporter), then checked by the exporter's own --check-web-config, the same
+command the role runs as `validate:`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import bcrypt
+import pytest
+from ansible.plugins.loader import filter_loader
+from render_role import ROOT, render
+
+filter_loader.add_directory(str(ROOT / "plugins" / "filter"))
+
+ROLE = "slurm_exporter"
+EXPORTER = ROOT / "roles" / ROLE / "files" / "gpufleet_slurm_exporter.py"
+HOST = "slurmctl01"
+PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+
+
+def web_config(overrides: dict) -> dict:
+    return json.loads(render(ROLE, "web-config.json.j2", HOST, overrides))
+
+
+def check(doc: dict, tmp_path: Path) -> subprocess.CompletedProcess:
+    path = tmp_path / "web-config.json"
+    path.write_text(json.dumps(doc))
+    return subprocess.run(
+        [sys.executable, str(EXPORTER), "--check-web-config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_default_is_plain_http_without_auth(tmp_path):
+    doc = web_config({})
+    assert doc == {"basic_auth_users": {}}
+    assert check(doc, tmp_path).returncode == 0
+
+
+def test_basic_auth_users_are_bcrypt_hashed_and_stable(tmp_path):
+    users = {"prometheus": "scrape-secret-1", "vmagent": "scrape-secret-2"}
+    doc = web_config({"slurm_exporter_basic_auth_users": users})
+    hashes = doc["basic_auth_users"]
+    assert set(hashes) == set(users)
+    for user, password in users.items():
+        assert password not in json.dumps(doc)
+        assert bcrypt.checkpw(password.encode(), hashes[user].encode())
+    # The same inventory renders the same file: a rerun changes nothing.
+    assert web_config({"slurm_exporter_basic_auth_users": users}) == doc
+    assert check(doc, tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize("client_ca", ["", PEM])
+def test_tls_names_the_files_the_role_installs(client_ca):
+    doc = web_config(
+        {
+            "slurm_exporter_tls_cert": PEM,
+            "slurm_exporter_tls_key": "key",
+            "slurm_exporter_tls_client_ca": client_ca,
+        }
+    )
+    tls = doc["tls_server_config"]
+    base = "/etc/gpufleet/slurm-exporter"
+    assert tls["cert_file"] == f"{base}/tls.crt" and tls["key_file"] == f"{base}/tls.key"
+    assert tls["min_version"] == "TLS12"
+    if client_ca:
+        assert tls["client_ca_file"] == f"{base}/client-ca.crt"
+        assert tls["client_auth_type"] == "RequireAndVerifyClientCert"
+    else:
+        assert "client_ca_file" not in tls and "client_auth_type" not in tls
+
+
+def test_the_check_refuses_a_certificate_it_cannot_load(tmp_path):
+    doc = web_config({"slurm_exporter_tls_cert": PEM, "slurm_exporter_tls_key": "key"})
+    result = check(doc, tmp_path)
+    assert result.returncode == 2
+    assert "TLS certificate or key" in result.stderr
+
+
+def test_the_unit_always_names_the_web_config():
+    unit = render(ROLE, "gpufleet-slurm-exporter.service.j2", HOST)
+    assert "--web-config-file /etc/gpufleet/slurm-exporter/web-config.json" in unit
