@@ -9,6 +9,8 @@ and Loki on mon03), and Ansible's own Templar renders with its own filters.
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 from pathlib import Path
 
 from ansible.parsing.dataloader import DataLoader
@@ -75,3 +77,15 @@ def evaluate(role: str, expression: str, host: str, overrides: dict | None = Non
 def template_value(role: str, value: str, host: str, overrides: dict | None = None, inventory=None):
     """A task argument or variable as Ansible templates it: a whole template."""
     return templar(role, host, overrides, inventory).template(trust_as_template(value))
+
+
+def systemd_verify_problems(unit: Path) -> list[str]:
+    """What `systemd-analyze verify` objects to in a unit file (its own lines only)."""
+    run = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60
+    )
+    return [
+        line
+        for line in (run.stdout + run.stderr).splitlines()
+        if str(unit) in line and re.search(r"Unknown|Failed|Invalid|not valid|ignoring", line)
+    ]

@@ -33,7 +33,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "filter"))
 
 from gpufleet_openpgp import OpenPGPError, normalize_fingerprint
-from render_role import evaluate, template_value
+from render_role import evaluate, systemd_verify_problems, template_value
 from test_openpgp import gpg, gpg_fingerprints
 
 REPO = Path(__file__).resolve().parents[2]
@@ -843,15 +843,7 @@ def test_units_pass_systemd_analyze_verify(rendered, name: str, tmp_path: Path) 
     text = re.sub(r"(ExecStart(?:Pre)?=-?|ExecStop=)/usr/bin/\S+", r"\1/bin/true", text)
     copy = tmp_path / "dcgm-exporter.service"
     copy.write_text(text)
-    run = subprocess.run(
-        ["systemd-analyze", "verify", str(copy)], capture_output=True, text=True, timeout=60
-    )
-    problems = [
-        line
-        for line in (run.stdout + run.stderr).splitlines()
-        if str(copy) in line and re.search(r"Unknown|Failed|Invalid|not valid|ignoring", line)
-    ]
-    assert not problems, problems
+    assert not systemd_verify_problems(copy)
 
 
 # --- web config, repository ---------------------------------------------------------------

@@ -24,7 +24,7 @@ from ansible.plugins.loader import filter_loader
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "filter"))
 
 from gpufleet_filters import gpufleet_exporter_ports, gpufleet_firewall_sources
-from render_role import ROLES, ROOT, example_inventory, render
+from render_role import ROLES, ROOT, example_inventory, render, systemd_verify_problems
 
 filter_loader.add_directory(str(ROOT / "plugins" / "filter"))
 
@@ -259,12 +259,4 @@ def test_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     assert "ExecStart=/usr/sbin/nft -f /etc/gpufleet/exporter-firewall.nft" in text
     unit = tmp_path / "gpufleet-exporter-firewall.service"
     unit.write_text(re.sub(r"(Exec\w+=)/usr/sbin/nft", r"\1/bin/true", text))
-    run = subprocess.run(
-        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60
-    )
-    problems = [
-        line
-        for line in (run.stdout + run.stderr).splitlines()
-        if str(unit) in line and re.search(r"Unknown|Failed|Invalid|not valid|ignoring", line)
-    ]
-    assert not problems, problems
+    assert not systemd_verify_problems(unit)

@@ -164,6 +164,17 @@ def test_environment_change_restarts_alloy_and_the_reload_is_skipped(host):
     assert series["alloy_standin_config_reloads_total"] == "0"
 
 
+def assert_download_refused(result, host) -> None:
+    """A tampered artifact: the play fails on the checksum, and reports no change."""
+    assert result.returncode != 0
+    text = output(result)
+    assert "could not be fetched and verified" in text
+    assert "checksum" in text.lower()
+    assert "nothing was installed" in text
+    counts = recap(result, host)
+    assert (counts["changed"], counts["failed"]) == (0, 1)
+
+
 def test_wrong_loki_checksum_fails_clearly_and_changes_nothing(host, tmp_path):
     version = built()["loki"]["version"]
     # An empty download cache that the role finds as it wants it: a clean failure then
@@ -179,13 +190,7 @@ def test_wrong_loki_checksum_fails_clearly_and_changes_nothing(host, tmp_path):
         f"loki_download_dir={tmp_path}",
         tags="loki",
     )
-    assert result.returncode != 0
-    text = output(result)
-    assert "could not be fetched and verified" in text
-    assert "checksum" in text.lower()
-    assert "nothing was installed" in text
-    counts = recap(result, host)
-    assert (counts["changed"], counts["failed"]) == (0, 1)
+    assert_download_refused(result, host)
     assert not (cache / "loki-linux-amd64.zip").exists(), "the wrong file was kept"
     assert host.file(LOKI_BINARY).sha256sum == binary
     assert host.file("/etc/loki/loki.yml").sha256sum == config
@@ -207,13 +212,7 @@ def test_wrong_alloy_checksum_fails_clearly_and_changes_nothing(host, tmp_path):
         f"alloy_download_dir={cache}",
         tags="alloy",
     )
-    assert result.returncode != 0
-    text = output(result)
-    assert "could not be fetched and verified" in text
-    assert "checksum" in text.lower()
-    assert "nothing was installed" in text
-    counts = recap(result, host)
-    assert (counts["changed"], counts["failed"]) == (0, 1)
+    assert_download_refused(result, host)
     assert not (cache / package).exists(), "the wrong file was kept"
     assert host.check_output("dpkg-query -W -f '${Version} ${Status}' alloy") == status
     assert host.file(f"/var/cache/gpufleet/{package}").sha256sum == cached
