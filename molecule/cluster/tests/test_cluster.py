@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import testinfra
+from testbed_helpers import eventually
 
 from gpufleet.inventory_json import plain
 
@@ -69,16 +70,6 @@ def instance_url(mode: str, shard: int | None = None) -> str:
 def query(base: str, promql: str) -> list[dict]:
     url = f"{base}/api/v1/query?query={urllib.parse.quote(promql)}"
     return http_json(url)["data"]["result"]
-
-
-def eventually(check, timeout: float, interval: float = 2):
-    """Poll check() until it returns a truthy value or timeout seconds pass."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval)
 
 
 def scraped_nodes(base: str, job: str = "node") -> dict[str, dict]:

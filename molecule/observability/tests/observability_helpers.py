@@ -10,10 +10,8 @@ import json
 import os
 import re
 import subprocess
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,13 +109,3 @@ def alloy_metrics(host, address: str = ALLOY_ADDRESS) -> dict[str, str]:
 def alloy_config_hash(series: dict[str, str]) -> str:
     (name,) = [s for s in series if s.startswith("alloy_config_hash{")]
     return re.search(r'sha256="([0-9a-f]*)"', name).group(1)
-
-
-def eventually(check: Callable[[], Any], timeout: float = 30, interval: float = 0.5) -> Any:
-    """check()'s first truthy result within timeout (a bounded poll); its last one else."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result or time.monotonic() > deadline:
-            return result
-        time.sleep(interval)

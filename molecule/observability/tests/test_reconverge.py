@@ -23,7 +23,6 @@ from observability_helpers import (
     alloy_metrics,
     built,
     converge,
-    eventually,
     fetch,
     fetch_on_host,
     main_pid,
@@ -31,7 +30,7 @@ from observability_helpers import (
     process,
     recap,
 )
-from testbed_helpers import host_address
+from testbed_helpers import eventually, host_address
 
 testinfra_hosts = ["all"]
 

@@ -6,8 +6,10 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 TESTBED = Path(__file__).resolve().parents[2] / "testbed" / "testbed.py"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -84,3 +86,13 @@ def converge(
     result = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
     result.stdout, result.stderr = ANSI.sub("", result.stdout), ANSI.sub("", result.stderr)
     return result
+
+
+def eventually(check: Callable[[], Any], timeout: float = 30, interval: float = 1) -> Any:
+    """check()'s first truthy result within timeout (a bounded poll); its last one else."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result or time.monotonic() > deadline:
+            return result
+        time.sleep(interval)
