@@ -5,9 +5,13 @@ No container registry is reachable from the build machines, so the base image is
 made with debootstrap and imported into podman. Hosts are systemd containers on a
 podman network with static addresses, reachable from the controller over SSH.
 
-    testbed.py setup                       install podman, runc, debootstrap (apt)
-    testbed.py image                       build the base image once (cached by recipe)
-    testbed.py up --network NET NAME=ADDR  create hosts (idempotent), print JSON
+    testbed.py setup                       configure podman (scripts/bootstrap installs it)
+    testbed.py image [--suite S]...        build the base images once (cached per suite and recipe)
+    testbed.py up --network NET [--suite S] NAME=ADDR...
+                                           create hosts (idempotent), print JSON
+    testbed.py up --network NET --platforms JSON
+                                           the same for molecule platforms, each with its own
+                                           suite and extra podman arguments
     testbed.py restart NAME                reboot a host (systemd stop/start)
     testbed.py down --network NET NAME     remove hosts and, when empty, the network
 
@@ -26,23 +30,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 STATE_DIR = Path(os.environ.get("GPUFLEET_TESTBED_DIR", REPO / ".cache" / "testbed"))
-SUITE = "bookworm"
+# Debian 12 and 13: the platforms meta/main.yml claims and CI runs.
+SUITES = ("bookworm", "trixie")
+DEFAULT_SUITE = "bookworm"
 IMAGE_REPO = "localhost/gpufleet-testbed"
-# netavark and aardvark-dns are only recommended by Debian's podman, which otherwise
-# falls back to CNI without name resolution: the hosts must resolve each other.
-HOST_TOOLS = [
-    "podman",
-    "runc",
-    "debootstrap",
-    "uidmap",
-    "openssh-client",
-    "netavark",
-    "aardvark-dns",
-]
 NETAVARK = ("/usr/lib/podman/netavark", "/usr/lib/podman/aardvark-dns")
 # Installed in the image: what every managed host has before Ansible touches it.
 BASE_PACKAGES = [
@@ -142,15 +138,15 @@ def ssh_key() -> Path:
 def setup() -> None:
     missing = [
         tool
-        for tool in ("podman", "runc", "debootstrap", "ssh-keygen", "newuidmap")
+        for tool in ("podman", "runc", "iptables", "debootstrap", "ssh-keygen", "newuidmap")
         if shutil.which(tool) is None
     ]
     missing += [path for path in NETAVARK if not Path(path).exists()]
     if missing:
-        log(f"installing {' '.join(HOST_TOOLS)} (missing: {' '.join(missing)})")
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        run(["apt-get", "update", "-qq"], env=env)
-        run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *HOST_TOOLS], env=env)
+        raise SystemExit(
+            f"testbed: {', '.join(missing)} missing: scripts/bootstrap installs the test bed's "
+            "packages (scripts/packages.txt)"
+        )
     conf = Path("/etc/containers/containers.conf")
     if not conf.exists() or conf.read_text() != CONTAINERS_CONF:
         conf.parent.mkdir(parents=True, exist_ok=True)
@@ -158,10 +154,10 @@ def setup() -> None:
     ssh_key()
 
 
-def recipe_digest() -> str:
+def recipe_digest(suite: str) -> str:
     recipe = json.dumps(
         {
-            "suite": SUITE,
+            "suite": suite,
             "base": BASE_PACKAGES,
             "cached": PRECACHED_PACKAGES,
             "dropin": SSHD_KEYGEN_DROPIN,
@@ -173,8 +169,14 @@ def recipe_digest() -> str:
     return hashlib.sha256(recipe.encode()).hexdigest()[:12]
 
 
-def image_tag() -> str:
-    return f"{IMAGE_REPO}:{recipe_digest()}"
+def image_repo(suite: str) -> str:
+    if suite not in SUITES:
+        raise SystemExit(f"testbed: unknown suite {suite!r} (one of {', '.join(SUITES)})")
+    return f"{IMAGE_REPO}-{suite}"
+
+
+def image_tag(suite: str = DEFAULT_SUITE) -> str:
+    return f"{image_repo(suite)}:{recipe_digest(suite)}"
 
 
 def image_exists(tag: str) -> bool:
@@ -215,8 +217,8 @@ def prepare_rootfs(rootfs: Path) -> None:
     # Lists stay, so roles can install from the cache without a slow update.
 
 
-def build_image() -> str:
-    tag = image_tag()
+def build_image(suite: str = DEFAULT_SUITE) -> str:
+    tag = image_tag(suite)
     if image_exists(tag):
         return tag
     log(f"building {tag} with debootstrap (about a minute)")
@@ -227,7 +229,7 @@ def build_image() -> str:
                 "debootstrap",
                 "--variant=minbase",
                 f"--include={','.join(BASE_PACKAGES)}",
-                SUITE,
+                suite,
                 str(rootfs),
             ],
             capture=True,
@@ -241,12 +243,12 @@ def build_image() -> str:
         )
         if tar.wait() != 0:
             raise SystemExit("testbed: tar of the root file system failed")
-    prune_images(keep=tag)
+    prune_images(image_repo(suite), keep=tag)
     return tag
 
 
-def prune_images(keep: str) -> None:
-    """Drop test bed images of older recipes (about 600 MB each); in-use ones stay."""
+def prune_images(repo: str, keep: str) -> None:
+    """Drop the suite's images of older recipes (about 600 MB each); in-use ones stay."""
     listed = run(
         [
             "podman",
@@ -254,7 +256,7 @@ def prune_images(keep: str) -> None:
             "--format",
             "{{.Repository}}:{{.Tag}}",
             "--filter",
-            f"reference={IMAGE_REPO}",
+            f"reference={repo}",
         ],
         check=False,
         capture=True,
@@ -279,7 +281,17 @@ def container_running(name: str) -> bool:
     return result.returncode == 0 and result.stdout.strip() == "true"
 
 
-def start_host(name: str, address: str, network: str, tag: str) -> None:
+@dataclass(frozen=True)
+class Host:
+    name: str
+    address: str
+    suite: str = DEFAULT_SUITE
+    # Extra `podman run` arguments a scenario needs (e.g. Slurm's job cgroups).
+    podman_args: tuple[str, ...] = ()
+
+
+def start_host(host: Host, network: str, tag: str) -> None:
+    name, address = host.name, host.address
     if container_running(name):
         return
     run(["podman", "rm", "-f", name], check=False, capture=True)
@@ -309,6 +321,7 @@ def start_host(name: str, address: str, network: str, tag: str) -> None:
             "seccomp=unconfined",
             "--label",
             "gpufleet.testbed=1",
+            *host.podman_args,
             tag,
             "/sbin/init",
         ],
@@ -352,37 +365,50 @@ def wait_ready(name: str, address: str, deadline_s: float = 90) -> None:
     raise SystemExit(f"testbed: {name} ({address}) did not come up within {deadline_s:.0f}s")
 
 
-def parse_hosts(specs: list[str]) -> list[tuple[str, str]]:
+def parse_hosts(specs: list[str], suite: str = DEFAULT_SUITE) -> list[Host]:
     hosts = []
     for spec in specs:
         name, sep, address = spec.partition("=")
         if not sep:
             raise SystemExit(f"testbed: expected NAME=ADDRESS, got {spec!r}")
         ipaddress.ip_address(address)
-        hosts.append((name, address))
+        hosts.append(Host(name, address, suite))
     return hosts
 
 
-def up(network: str, specs: list[str]) -> None:
-    hosts = parse_hosts(specs)
+def parse_platforms(text: str) -> list[Host]:
+    """Molecule platforms as JSON: name, address, optional suite and podman_args."""
+    hosts = []
+    for platform in json.loads(text):
+        args = platform.get("podman_args", [])
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise SystemExit(f"testbed: {platform.get('name')}: podman_args must be strings")
+        ipaddress.ip_address(platform["address"])
+        suite = platform.get("suite", DEFAULT_SUITE)
+        image_repo(suite)
+        hosts.append(Host(platform["name"], platform["address"], suite, tuple(args)))
+    return hosts
+
+
+def up(network: str, hosts: list[Host]) -> None:
     setup()
-    tag = build_image()
-    ensure_network(network, [address for _, address in hosts])
-    for name, address in hosts:
-        start_host(name, address, network, tag)
-    for name, address in hosts:
-        wait_ready(name, address)
+    tags = {suite: build_image(suite) for suite in sorted({h.suite for h in hosts})}
+    ensure_network(network, [h.address for h in hosts])
+    for host in hosts:
+        start_host(host, network, tags[host.suite])
+    for host in hosts:
+        wait_ready(host.name, host.address)
     print(
         json.dumps(
             [
                 {
-                    "instance": name,
-                    "address": address,
+                    "instance": host.name,
+                    "address": host.address,
                     "user": "root",
                     "port": 22,
                     "identity_file": str(ssh_key()),
                 }
-                for name, address in hosts
+                for host in hosts
             ]
         )
     )
@@ -428,11 +454,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("setup")
-    sub.add_parser("image")
+    p_image = sub.add_parser("image")
+    p_image.add_argument("--suite", action="append", choices=SUITES)
     sub.add_parser("key")
     p_up = sub.add_parser("up")
     p_up.add_argument("--network", required=True)
-    p_up.add_argument("hosts", nargs="+", metavar="NAME=ADDRESS")
+    p_up.add_argument("--suite", default=DEFAULT_SUITE, choices=SUITES)
+    p_up.add_argument("--platforms", help="molecule platforms as a JSON list")
+    p_up.add_argument("hosts", nargs="*", metavar="NAME=ADDRESS")
     p_restart = sub.add_parser("restart")
     p_restart.add_argument("host", metavar="NAME=ADDRESS")
     p_probe = sub.add_parser("probe")
@@ -446,14 +475,20 @@ def main(argv: list[str] | None = None) -> None:
         setup()
     elif args.command == "image":
         setup()
-        print(build_image())
+        for suite in args.suite or [DEFAULT_SUITE]:
+            print(build_image(suite))
     elif args.command == "key":
         print(ssh_key())
     elif args.command == "up":
-        up(args.network, args.hosts)
+        hosts = parse_hosts(args.hosts, args.suite)
+        if args.platforms:
+            hosts += parse_platforms(args.platforms)
+        if not hosts:
+            parser.error("up needs NAME=ADDRESS hosts or --platforms")
+        up(args.network, hosts)
     elif args.command == "restart":
-        ((name, address),) = parse_hosts([args.host])
-        restart(name, address)
+        (host,) = parse_hosts([args.host])
+        restart(host.name, host.address)
     elif args.command == "probe":
         command = args.probe_command
         probe(args.network, command[1:] if command[:1] == ["--"] else command)
