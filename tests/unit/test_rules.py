@@ -6,14 +6,23 @@ summary, description and a runbook_url pointing at its own section of docs/alert
 alert is unit-tested firing and not firing, recording rule names follow
 ``level:metric:operations`` and are unique, and the global tier only reads series the
 documented federation ``match[]`` brings over.
+
+Both promtool runs are parametrized over two majors (ids ``promtool2``, ``promtool3``): the
+rules must hold under the Prometheus 2.42 the test bed runs and the 3.x gpufleet pins.
+promtool 2 is Debian 12's ``/usr/bin/promtool`` (scripts/bootstrap installs it); promtool 3
+is sid's package, downloaded and verified by apt (molecule/testbed/debian_suite.py) and
+unpacked once under ``.cache/promtool/``. A missing one fails the run: it is not skipped.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -42,14 +51,77 @@ FEDERATE_MATCH = (
 RECORDED_TOKEN = re.compile(r"(?<![A-Za-z0-9_:])([a-z][a-z0-9_]*:[a-z0-9_]+:[a-z0-9_]+)")
 
 
-def _promtool() -> str | None:
-    return shutil.which("promtool") or (
-        "/usr/bin/promtool" if Path("/usr/bin/promtool").exists() else None
+PROMTOOL2 = Path("/usr/bin/promtool")
+PROMTOOL_CACHE = ROOT / ".cache" / "promtool"
+DEBIAN_SUITE = ROOT / "molecule" / "testbed" / "debian_suite.py"
+
+
+def _major(promtool: Path) -> int:
+    """promtool's major version, from `promtool --version` ("promtool, version 3.5.3+ds1 ...")."""
+    result = subprocess.run(
+        [str(promtool), "--version"], capture_output=True, text=True, check=False, timeout=60
     )
+    match = re.search(r"version (\d+)\.\d+", result.stdout + result.stderr)
+    assert match, f"{promtool} --version: {result.stdout}{result.stderr}"
+    return int(match.group(1))
 
 
-PROMTOOL = _promtool()
-needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed")
+def _debian_suite() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpufleet_debian_suite", DEBIAN_SUITE)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _promtool3() -> Path:
+    """sid's promtool, unpacked from its apt-verified .deb into .cache/promtool/<deb name>/."""
+    try:
+        deb = _debian_suite().fetch("promtool", "sid")
+    except (SystemExit, OSError, subprocess.SubprocessError) as error:
+        problem = str(error)
+    else:
+        problem = ""
+    if problem:
+        pytest.fail(
+            f"cannot fetch promtool 3 from Debian sid ({problem}); the rule tests must run "
+            "under both Prometheus majors, so this fails rather than skips (needs apt access "
+            "to a Debian mirror, see molecule/testbed/debian_suite.py)",
+            pytrace=False,
+        )
+    target = PROMTOOL_CACHE / deb.stem
+    binary = target / "usr" / "bin" / "promtool"
+    if not binary.exists():
+        PROMTOOL_CACHE.mkdir(parents=True, exist_ok=True)
+        for stale in PROMTOOL_CACHE.iterdir():  # older sid versions, interrupted unpacks
+            shutil.rmtree(stale, ignore_errors=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".{deb.stem}.", dir=PROMTOOL_CACHE))
+        subprocess.run(
+            ["dpkg-deb", "-x", str(deb), str(partial)], check=True, capture_output=True, timeout=120
+        )
+        try:
+            partial.rename(target)
+        except OSError:  # a concurrent run unpacked it first
+            shutil.rmtree(partial, ignore_errors=True)
+    return binary
+
+
+@pytest.fixture(scope="session", params=[2, 3], ids=["promtool2", "promtool3"])
+def promtool(request: pytest.FixtureRequest) -> Path:
+    """The promtool of one Prometheus major; its major is checked, the exact version floats."""
+    if request.param == 2:
+        if not PROMTOOL2.exists():
+            pytest.fail(
+                f"promtool 2 missing: {PROMTOOL2} (Debian 12 package prometheus, installed by "
+                "scripts/bootstrap)",
+                pytrace=False,
+            )
+        path = PROMTOOL2
+    else:
+        path = _promtool3()
+    major = _major(path)
+    assert major == request.param, f"{path} is promtool {major}, expected {request.param}.x"
+    return path
 
 
 def _load(path: Path) -> Any:
@@ -88,20 +160,18 @@ def test_files_exist() -> None:
     assert TEST_FILES, "no promtool test files under tests/rules"
 
 
-@needs_promtool
 @pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)
-def test_promtool_check_rules(path: Path) -> None:
+def test_promtool_check_rules(promtool: Path, path: Path) -> None:
     result = subprocess.run(
-        [PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True, check=False
+        [str(promtool), "check", "rules", str(path)], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@needs_promtool
 @pytest.mark.parametrize("path", TEST_FILES, ids=lambda p: p.name)
-def test_promtool_test_rules(path: Path) -> None:
+def test_promtool_test_rules(promtool: Path, path: Path) -> None:
     result = subprocess.run(
-        [PROMTOOL, "test", "rules", path.name],
+        [str(promtool), "test", "rules", path.name],
         capture_output=True,
         text=True,
         check=False,
