@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from testbed_helpers import host_address, probe_from_network, restart_host
+from testbed_helpers import converge, host_address, probe_from_network, restart_host
 
 testinfra_hosts = ["all"]
 
@@ -55,6 +55,25 @@ def test_reachable_from_another_host(host):
     address = host_address(host)
     body = probe_from_network(host, f"http://{address}:9100/metrics")
     assert "node_exporter_build_info" in body
+
+
+def test_tag_limited_config_change_restarts_the_service(host):
+    """--tags node_exporter_configure skips the start task whose result the handler
+    reads; the handler still restarts node_exporter with the new flags."""
+    before = host.service("node_exporter").systemd_properties["MainPID"]
+    flag = '{"node_exporter_extra_flags": ["--web.max-requests=41"]}'
+    try:
+        result = converge(flag, tags="node_exporter_configure")
+        assert result.returncode == 0, result.stdout[-3000:]
+        assert "RUNNING HANDLER [node_exporter : Restart node_exporter]" in result.stdout
+        properties = host.service("node_exporter").systemd_properties
+        assert properties["MainPID"] != before
+        cmdline = host.check_output(f"tr '\\0' ' ' < /proc/{properties['MainPID']}/cmdline")
+        assert "--web.max-requests=41" in cmdline
+    finally:
+        result = converge(tags="node_exporter_configure")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "node_exporter_build_info" in metrics(host)
 
 
 # Last in the file: it reboots the host.
