@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Rollout benchmark: site.yml on N fresh test bed hosts, then the idempotent rerun.
 
-    .venv/bin/python bench/rollout_bench.py [--nodes 4] [--runs 3]
+    .venv/bin/python bench/rollout_bench.py [--nodes 4] [--runs 3] [--suite trixie]
 
 Each run creates N fresh GPU nodes (nvidia-smi test double) plus one monitoring host
-on the podman test bed, times `ansible-playbook site.yml` on them, times reruns
+on the podman test bed (Debian 12 `bookworm` or Debian 13 `trixie` hosts, each on its
+distribution's packages), times `ansible-playbook site.yml` on them, times reruns
 (which must report changed=0), and removes the hosts. Prints the medians.
 """
 
@@ -80,7 +81,7 @@ def changed_total(output: str) -> int:
     return sum(int(n) for n in re.findall(r"changed=(\d+)", output))
 
 
-def one_run(nodes: int, reruns: int) -> tuple[float, list[float]]:
+def one_run(nodes: int, reruns: int, suite: str) -> tuple[float, list[float]]:
     # .1 is the network's gateway: nodes live at .101-.199.
     hosts = [f"bench-gpu{i:03d}={SUBNET}.1{i:02d}" for i in range(1, nodes + 1)]
     hosts.append(f"bench-mon01={SUBNET}.250")
@@ -93,7 +94,9 @@ def one_run(nodes: int, reruns: int) -> tuple[float, list[float]]:
         (inventory / "nodes.gpufleet.yml").write_text(node_list(nodes))
         (inventory / "group_vars" / "all" / "bench.yml").write_text(json.dumps(group_vars(key)))
         subprocess.run(
-            [*TESTBED, "up", "--network", NETWORK, *hosts], check=True, capture_output=True
+            [*TESTBED, "up", "--network", NETWORK, "--suite", suite, *hosts],
+            check=True,
+            capture_output=True,
         )
         try:
             fake = {
@@ -126,13 +129,14 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3, help="fresh rollouts (hosts recreated)")
     parser.add_argument("--reruns", type=int, default=3, help="idempotent reruns per rollout")
+    parser.add_argument("--suite", default="bookworm", choices=("bookworm", "trixie"))
     args = parser.parse_args()
     if not 1 <= args.nodes <= 99:
         parser.error("--nodes must be between 1 and 99 (one /24 test network)")
-    subprocess.run([*TESTBED, "image"], check=True, capture_output=True)
+    subprocess.run([*TESTBED, "image", "--suite", args.suite], check=True, capture_output=True)
     rollouts, reruns = [], []
     for run in range(args.runs):
-        rollout, rerun_times = one_run(args.nodes, args.reruns)
+        rollout, rerun_times = one_run(args.nodes, args.reruns, args.suite)
         rollouts.append(rollout)
         reruns.extend(rerun_times)
         print(
@@ -141,7 +145,7 @@ def main() -> None:
             flush=True,
         )
     print(
-        f"site.yml on {args.nodes} fresh GPU nodes + 1 monitoring host: "
+        f"site.yml on {args.nodes} fresh {args.suite} GPU nodes + 1 monitoring host: "
         f"median rollout {statistics.median(rollouts):.1f}s over {len(rollouts)} runs, "
         f"median idempotent rerun {statistics.median(reruns):.1f}s over {len(reruns)} reruns "
         f"(changed=0), on {os.cpu_count()} CPUs"
