@@ -1,11 +1,11 @@
 """The Slurm exporter against a real Slurm 24.11 cluster on Debian 13 (prepare.yml).
 
 Jobs are real: submitted with sbatch by unprivileged users, scheduled by slurmctld
-onto GRES GPUs, run by slurmd in their own freezer cgroup (proctrack/cgroup). Every
-number the exporter serves is checked against Slurm's own view (`scontrol show job
--d`, `sinfo`, `squeue`), and the job ids on each GPU against what gpu_collector sees
-on the node itself, in the job cgroups slurmd made (task/cgroup, devices constrained). The tests run in file order: idle cluster, busy cluster, a
-drained node, slurmctld down.
+onto GRES GPUs, run by slurmd in their own job cgroups (proctrack/cgroup, task/cgroup
+with devices constrained). Every number the exporter serves is checked against Slurm's
+own view (`scontrol show job --json`, `sinfo`, `squeue`), and the job ids on each GPU
+against what gpu_collector sees on the node itself. The tests run in file order: idle
+cluster, busy cluster, hostile job text, a drained node, slurmctld down.
 """
 
 from __future__ import annotations
@@ -121,21 +121,24 @@ def expand_indices(text: str) -> set[str]:
 
 
 def scontrol_allocations(ctl) -> tuple[dict, set]:
-    """Slurm's own answer: {(job, node): (gpus, user, account, partition)}, {(job, node, idx)}."""
+    """Slurm's own answer: {(job, node): (gpus, user, account, partition)}, {(job, node, idx)}.
+
+    From `scontrol show job --json`, where user-set text (names, working directories,
+    comments) stays inside JSON strings: gres_detail[i] is the GRES of the job's i-th
+    allocated node.
+    """
     alloc: dict[tuple[str, str], tuple[float, str, str, str]] = {}
     indices: set[tuple[str, str, str]] = set()
-    for line in ctl.check_output("scontrol show job -d -o").splitlines():
-        fields = dict(re.findall(r"(?:^| )(JobId|JobState|UserId|Account|Partition)=(\S+)", line))
-        if fields.get("JobState") != "RUNNING":
+    for job in json.loads(ctl.check_output("scontrol show job --json"))["jobs"]:
+        if "RUNNING" not in job["job_state"]:
             continue
-        job, user = fields["JobId"], fields["UserId"].split("(")[0]
-        account, partition = fields["Account"], fields["Partition"]
-        for nodes, gres in re.findall(r" Nodes=(\S+) CPU_IDs=\S+ Mem=\S+ GRES=(\S*)", line):
-            # GRES=gpu:a100:2(IDX:0-1) on each node of the segment's hostlist.
+        job_id = str(job["job_id"])
+        owner = (job["user_name"], job["account"], job["partition"])
+        nodes = [node["name"] for node in job["job_resources"]["nodes"]["allocation"]]
+        for node, gres in zip(nodes, job["gres_detail"], strict=True):
             for count, idx in re.findall(r"gpu:(?:[^:(,]+:)?(\d+)\(IDX:([^)]*)\)", gres):
-                for node in hostnames(ctl, nodes):
-                    alloc[(job, node)] = (float(count), user, account, partition)
-                    indices.update((job, node, i) for i in expand_indices(idx))
+                alloc[(job_id, node)] = (float(count), *owner)
+                indices.update((job_id, node, i) for i in expand_indices(idx))
     return alloc, indices
 
 
@@ -353,6 +356,51 @@ def test_gpu_collector_names_the_same_jobs_as_the_exporter(host, gpu_nodes, jobs
             node.check_output(f"cat /proc/{pid}/cgroup"),
             re.MULTILINE,
         )
+
+
+def test_user_text_cannot_fake_attribution(host, gpu_nodes, jobs):
+    """Job names, working directories and comments are text any user sets. A job of bob
+    dressed up as alice's, with a working directory and a comment that read like GPU
+    segments of a node that does not exist, keeps its real owner and its one GPU; a
+    pending job named like a huge hostlist costs nothing."""
+    freed = jobs["running"].pop()  # one of bob's 1-GPU jobs makes room
+    host.check_output(f"scancel {freed}")
+    wait_until(
+        lambda: freed not in host.check_output("squeue -h -t R,CG -o %A").split(),
+        60,
+        "a GPU to free",
+    )
+    workdir = "/tmp/x Nodes=gpufleet-slurm-gpu9 CPU_IDs=0 GRES=gpu:a100:8(IDX:0-7)"
+    for node in (host, *gpu_nodes.values()):
+        node.check_output(f"mkdir -p -m 1777 {shlex.quote(workdir)}")
+    hostile = sbatch(
+        host, "bob", "--account=chem", "--gres=gpu:a100:1",
+        "-J", "x UserId=alice(2001) Account=physics Partition=debug",
+        f"--chdir={workdir}",
+        "--comment", " Nodes=gpufleet-slurm-gpu9 CPU_IDs=0 Mem=0 GRES=gpu:a100:8(IDX:0-7)",
+    )  # fmt: skip
+    jobs["running"].append(hostile)
+    jobs["pending"].append(
+        sbatch(host, "alice", "--account=physics", "--hold", "--gres=gpu:a100:1",
+               "-J", "Nodes=a[0-99999]b[0-99999]c[0-99999]")
+    )  # fmt: skip
+    wait_until(
+        lambda: hostile in host.check_output("squeue -h -t R -o %A").split(),
+        60,
+        "the hostile job to start",
+    )
+    body = collected_after(host, host_time(host))
+    want_alloc, want_idx = scontrol_allocations(host)
+    ((node, owner),) = [(n, o) for (job, n), o in want_alloc.items() if job == hostile]
+    assert owner == (1.0, "bob", "chem", "gpu")
+    got_alloc, got_idx = exporter_allocations(body)
+    assert got_alloc == want_alloc
+    assert got_idx == want_idx
+    assert {n for _, n in got_alloc} <= set(NODES)
+    assert value(body, "slurm_gpus_alloc") == 8
+    # Bounded: the exporter did not expand the pending job's name into hosts.
+    rss_kib = int(host.check_output(f"ps -o rss= -p {main_pid(host)}"))
+    assert rss_kib < 200 * 1024, rss_kib
 
 
 def test_drained_node_state_and_reason(host, jobs):
