@@ -16,6 +16,11 @@ is remembered (in memory and in the state directory) so later cycles make one ca
 On failure the output file holds only the collector health series (plus the
 inventory's expected GPU count and the XID counters, which come from the kernel log,
 not from nvidia-smi), so GPU series disappear instead of looking current.
+
+Everything a cycle reads is bounded: ``--timeout`` is one deadline for the whole
+cycle (each command gets what is left), a command's output is read up to a byte
+limit, at most MAX_GPUS GPU rows are accepted, and state files of the wrong shape
+are ignored. See docs/gpu-collector.md.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import math
 import os
 import pwd
 import re
+import selectors
 import shutil
 import signal
 import subprocess
@@ -41,6 +47,21 @@ PREFIX = "node_gpu_"
 DEFAULT_OUTPUT = "gpufleet_gpu.prom"
 DEFAULT_STATE_DIR = "/var/lib/gpufleet-gpu-collector"
 MIB = 1048576.0
+
+# Bounds of one cycle (docs/gpu-collector.md). More GPU rows than MAX_GPUS, or
+# more output than a limit, fails the cycle with its own reason.
+MAX_GPUS = 64  # GPUs on one node; the largest servers have 8 to 20
+MAX_COMPUTE_APPS = 4096  # compute-process rows (64 GPUs x 64 processes)
+NVIDIA_MAX_BYTES = 1 << 20  # one nvidia-smi answer; 8 GPUs need about 10 KiB
+AMD_MAX_BYTES = 4 << 20  # one amd-smi/rocm-smi JSON document
+STDERR_MAX_BYTES = 64 << 10
+JOURNAL_MAX_BYTES = 8 << 20  # journalctl: the newest 8 MiB of a backlog are read
+XID_FILE_MAX_BYTES = 8 << 20  # --xid-source FILE: bytes read per cycle
+STATE_MAX_BYTES = 4 << 20  # state files and the previous .prom file
+MAX_LINE_CHARS = 64 << 10  # one CSV line
+MAX_FIELD_CHARS = 1024  # one CSV field (names, UUIDs and numbers are far shorter)
+KILL_GRACE_SECONDS = 0.5  # of a command's budget, kept for killing and reaping it
+JOURNAL_RESERVE_SECONDS = 2.0  # of the cycle's deadline, kept for journalctl
 
 # --------------------------------------------------------------------------- model
 
@@ -60,20 +81,27 @@ class GpuData(NamedTuple):
     info: dict[str, str]
     # (metric name, extra labels, value); base labels are added by to_samples()
     values: list[tuple[str, tuple[tuple[str, str], ...], float]]
+    unreadable: int | None = None  # fields answered with an error (NVIDIA only)
 
 
 class CommandResult(NamedTuple):
     rc: int | None  # None: killed at the timeout
     stdout: str
     stderr: str
+    truncated: bool = False  # stdout was over its byte limit
 
 
 class CollectorError(Exception):
-    """A cycle failure; ``reason`` is one of a small fixed set (label value)."""
+    """A cycle failure; ``reason`` is one of a small fixed set (label value).
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    ``samples`` are health series the failure still reports (e.g. the number of
+    duplicate GPU rows that made the cycle fail).
+    """
+
+    def __init__(self, reason: str, detail: str = "", samples: list[Sample] | None = None) -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
+        self.samples = samples or []
 
 
 ERROR_REASONS = (
@@ -82,14 +110,24 @@ ERROR_REASONS = (
     "timeout",
     "exit_code",
     "invalid_field",
-    "parse_error",
+    "parse_error",  # not CSV/JSON at all (no header, a csv module error, empty)
+    "bad_row",  # a row that does not fit the header, or whose GPU index is not a number
+    "duplicate_gpu",  # two rows with the same GPU index
+    "too_many_gpus",  # more than MAX_GPUS rows
+    "output_too_large",  # the vendor tool printed more than its byte limit
     "no_vendor_tool",
+    "internal_error",  # a bug in the collector; the log has the exception
 )
 
 # name -> (type, help). Every emitted family must be listed here.
 FAMILIES: dict[str, tuple[str, str]] = {
     "info": ("gauge", "GPU identity (model, uuid, PCI bus id, driver, VBIOS); value is always 1."),
     "devices": ("gauge", "Number of GPUs the vendor tool reported in this cycle."),
+    "unreadable_fields": (
+        "gauge",
+        "Queried fields nvidia-smi answered with an error (ERR!, [Unknown Error], "
+        "[GPU is lost]...) or an unparseable value; those series are absent.",
+    ),
     "expected_devices": ("gauge", "Number of GPUs this node must have, from the inventory."),
     "memory_total_bytes": ("gauge", "Total framebuffer memory in bytes."),
     "memory_used_bytes": ("gauge", "Used framebuffer memory in bytes."),
@@ -166,7 +204,11 @@ FAMILIES: dict[str, tuple[str, str]] = {
         "gauge",
         "GPU memory used by compute processes in bytes.",
     ),
-    "slurm_job_info": ("gauge", "A Slurm job has a compute process on this GPU; value is 1."),
+    "slurm_job_info": (
+        "gauge",
+        "A Slurm job has a compute process on this GPU (label sluid: Slurm 26.05+ "
+        "job cgroup name); value is 1.",
+    ),
     "xid_errors_total": (
         "counter",
         "NVIDIA XID errors read from the kernel log, by GPU and XID code.",
@@ -180,6 +222,14 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "collector_duration_seconds": ("gauge", "Wall time of the last collection in seconds."),
     "collector_compute_apps_success": ("gauge", "1 if the compute-process query succeeded."),
     "collector_xid_success": ("gauge", "1 if the kernel log could be read for XID errors."),
+    "collector_skipped_lines": (
+        "gauge",
+        "Lines of nvidia-smi output that were messages, not GPU rows (e.g. a lost GPU).",
+    ),
+    "collector_duplicate_gpu_rows": (
+        "gauge",
+        "GPU rows that repeated an earlier row's index (the cycle then fails: duplicate_gpu).",
+    ),
 }
 
 # ------------------------------------------------------------------ value parsing
@@ -188,6 +238,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
 ABSENT_TOKENS = frozenset({"", "n/a", "na", "not supported", "unknown error", "none reported"})
 BOOL_TRUE = frozenset({"enabled", "yes", "active", "on", "true"})
 BOOL_FALSE = frozenset({"disabled", "no", "not active", "off", "false"})
+MAX_NUMBER_CHARS = 64  # longer text is not a number (and NUMBER_RE is not linear)
 NUMBER_RE = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z%/°]*)")
 RECOVERY_ACTIONS = {
     "none": 0.0,
@@ -211,7 +262,7 @@ def is_absent(raw: str | None) -> bool:
 
 def parse_number(raw: str | None) -> float | None:
     """'69.85 W' / '69.85' / '0x1F' / '81559 MiB' -> float; sentinels -> None."""
-    if raw is None or is_absent(raw):
+    if raw is None or len(raw) > MAX_NUMBER_CHARS or is_absent(raw):
         return None
     text = raw.strip().strip("()")
     if text[:2].lower() == "0x":
@@ -248,9 +299,36 @@ def parse_recovery_action(raw: str | None) -> float | None:
     return RECOVERY_ACTIONS.get(raw.strip().lower())
 
 
-def clean_label(raw: str | None) -> str:
+def clean_label(raw: Any) -> str:
     """Info labels: sentinel text becomes empty (= label absent in Prometheus)."""
-    return "" if raw is None or is_absent(raw) else raw.strip()
+    text = "" if raw is None else raw if isinstance(raw, str) else str(raw)
+    return "" if is_absent(text) else text.strip()[:MAX_FIELD_CHARS]
+
+
+# What nvidia-smi prints for a value this GPU does not have: not an error. Any
+# other value a field's parser rejects (ERR!, [Unknown Error], [GPU is lost],
+# [Insufficient Permissions], NaN, garbage) counts in node_gpu_unreadable_fields.
+NOT_APPLICABLE = frozenset(
+    {
+        "",
+        "n/a",
+        "na",
+        "not supported",
+        "not available",
+        "none reported",
+        "function not found",
+        "requested functionality has been deprecated",
+    }
+)
+
+
+def is_not_applicable(raw: str | None) -> bool:
+    if raw is None:
+        return True
+    text = raw.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1].strip()
+    return text.lower() in NOT_APPLICABLE
 
 
 # ------------------------------------------------------------------ NVIDIA fields
@@ -379,7 +457,13 @@ CLOCK_EVENT_COUNTERS = (
     "hw_thermal_slowdown",
     "hw_power_brake_slowdown",
 )
-IDENTITY_FIELDS = ("index", "uuid", "name", "pci.bus_id", "driver_version", "vbios_version")
+IDENTITY_FIELDS = ("index", "uuid", "driver_version", "vbios_version")
+# nvidia-smi does not quote CSV values, and the product name is the only free
+# text we query. Asked for last, a comma in it only adds trailing columns, which
+# parse_csv joins back into the name; the PCI bus id asked for just before it
+# proves that nothing earlier was shifted (else the row is a bad_row).
+TEXT_TAIL = ("pci.bus_id", "name")
+PCI_BUS_ID_RE = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]")
 SPECIAL_FIELDS = (
     "clocks_event_reasons.supported",
     "clocks_event_reasons.active",
@@ -398,6 +482,7 @@ def all_query_fields() -> list[str]:
     for spec in FIELD_SPECS:
         fields.extend(spec.fields)
     fields.extend(SPECIAL_FIELDS)
+    fields.extend(TEXT_TAIL)
     return list(dict.fromkeys(fields))
 
 
@@ -408,27 +493,83 @@ def effective_fields(removed: Iterable[str], aliased: Iterable[str]) -> list[str
 
 def canonical_field(header: str) -> str:
     """'power.draw [W]' -> 'power.draw'; old 'clocks_throttle_reasons.x' -> new name."""
-    name = re.sub(r"\s*\[[^\]]*\]\s*$", "", header.strip())
+    name = header.strip()
+    unit = name.rfind("[")
+    if name.endswith("]") and unit >= 0 and "]" not in name[unit:-1]:
+        name = name[:unit].rstrip()  # no regex: linear on any input
     return name.replace("clocks_throttle_", "clocks_event_")
 
 
-def parse_csv(text: str) -> tuple[list[str], list[dict[str, str]]]:
-    """nvidia-smi CSV (header with or without units) -> (fields, rows keyed by field).
+class CsvTable(NamedTuple):
+    header: list[str]
+    rows: list[dict[str, str]]
+    skipped: int  # message lines between rows (no separator), e.g. for a lost GPU
 
-    Lines that do not have as many columns as the header (error messages printed
-    between rows, e.g. for a lost GPU) are skipped.
+
+FIELD_NAME_RE = re.compile(r"[A-Za-z0-9_.]+")
+
+
+def parse_csv(
+    text: str, max_rows: int, too_many: str = "too_many_gpus", join_tail: bool = False
+) -> CsvTable:
+    """nvidia-smi CSV (header with or without units) -> CsvTable.
+
+    A line without any comma is a message nvidia-smi prints between rows (e.g.
+    "Unable to determine the device handle for GPU...: Unknown Error" for a lost
+    GPU): skipped and counted. Any other line that does not fit the header fails
+    the whole parse (CollectorError bad_row or parse_error), as do more than
+    ``max_rows`` rows (CollectorError ``too_many``). With ``join_tail``, the
+    extra columns a comma in the name made are joined back (see TEXT_TAIL).
     """
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         raise CollectorError("parse_error", "empty output")
-    header = [canonical_field(h) for h in next(csv.reader([lines[0]], skipinitialspace=True))]
-    if len(header) < 1 or not all(re.fullmatch(r"[A-Za-z0-9_.]+", h) for h in header):
+    header = [canonical_field(h) for h in csv_fields(lines[0], "parse_error")]
+    if not header or not all(FIELD_NAME_RE.fullmatch(h) for h in header):
         raise CollectorError("parse_error", "no CSV header")
-    rows = []
-    for values in csv.reader(lines[1:], skipinitialspace=True):
-        if len(values) == len(header):
-            rows.append({h: v.strip() for h, v in zip(header, values)})  # noqa: B905 (3.9)
-    return header, rows
+    rows: list[dict[str, str]] = []
+    skipped = 0
+    for number, line in enumerate(lines[1:], start=2):
+        if len(header) > 1 and "," not in line:
+            skipped += 1
+            continue
+        if len(rows) >= max_rows:
+            raise CollectorError(too_many, f"more than {max_rows} rows")
+        values = csv_fields(line, "bad_row")
+        rows.append(
+            csv_row(header, join_text_tail(header, values) if join_tail else values, number)
+        )
+    return CsvTable(header, rows, skipped)
+
+
+def csv_fields(line: str, reason: str) -> list[str]:
+    """One line -> stripped fields. Lines are split first, so an unterminated
+    quote cannot swallow the rows after it."""
+    if len(line) > MAX_LINE_CHARS:
+        raise CollectorError(reason, f"a line of {len(line)} characters")
+    try:
+        values = next(csv.reader([line], skipinitialspace=True), [])
+    except csv.Error as exc:  # e.g. a field over csv.field_size_limit()
+        raise CollectorError("parse_error", f"CSV: {exc}") from exc
+    return [v.strip() for v in values]
+
+
+def join_text_tail(header: list[str], values: list[str]) -> list[str]:
+    width = len(header)
+    if len(values) <= width or header[-2:] != list(TEXT_TAIL):
+        return values
+    if not PCI_BUS_ID_RE.fullmatch(values[width - 2]):
+        return values  # something before the name had the comma: leave it a bad row
+    return [*values[: width - 1], ", ".join(values[width - 1 :])]
+
+
+def csv_row(header: list[str], values: list[str], number: int) -> dict[str, str]:
+    width = len(header)
+    if len(values) != width:
+        raise CollectorError("bad_row", f"line {number}: {len(values)} fields, header has {width}")
+    if any(len(v) > MAX_FIELD_CHARS for v in values):
+        raise CollectorError("bad_row", f"line {number}: a field over {MAX_FIELD_CHARS} characters")
+    return {name: values[i] for i, name in enumerate(header)}
 
 
 def clock_event_values(row: dict[str, str]) -> list[tuple[str, tuple[tuple[str, str], ...], float]]:
@@ -463,25 +604,72 @@ def field_values(row: dict[str, str]) -> list[tuple[str, tuple[tuple[str, str], 
     return out + clock_event_values(row)
 
 
-def nvidia_row_to_gpu(row: dict[str, str]) -> GpuData | None:
-    index = row.get("index", "").strip()
-    if not index.isdigit():
-        return None
+def unreadable_fields(row: dict[str, str]) -> int:
+    """Fields answered with an error token or a value their parser rejects."""
+    count = 0
+    for spec in FIELD_SPECS:
+        raws = [row.get(field) for field in spec.fields]
+        if all(spec.parse(raw) is None for raw in raws):
+            count += any(not is_not_applicable(raw) for raw in raws)
+    for field in SPECIAL_FIELDS:
+        raw = row.get(field)
+        count += parse_number(raw) is None and not is_not_applicable(raw)
+    return count
+
+
+INDEX_RE = re.compile(r"[0-9]{1,4}")
+PID_RE = re.compile(r"[0-9]{1,10}")
+
+
+def nvidia_row_to_gpu(row: dict[str, str]) -> GpuData:
+    index = row.get("index", "")
+    if not INDEX_RE.fullmatch(index):
+        raise CollectorError("bad_row", f"GPU index {index[:40]!r} is not a number")
     info = {
         "model": clean_label(row.get("name")),
         "pci_bus_id": clean_label(row.get("pci.bus_id")),
         "driver_version": clean_label(row.get("driver_version")),
         "vbios_version": clean_label(row.get("vbios_version")),
     }
-    return GpuData(index, clean_label(row.get("uuid")), "nvidia", info, field_values(row))
+    uuid = clean_label(row.get("uuid"))
+    values = field_values(row)
+    return GpuData(str(int(index)), uuid, "nvidia", info, values, unreadable_fields(row))
+
+
+class NvidiaParse(NamedTuple):
+    gpus: list[GpuData]  # sorted by index, first row of a duplicated index only
+    skipped: int  # message lines between the rows
+    duplicates: int  # rows whose index an earlier row had
+
+
+def parse_nvidia_output(text: str) -> NvidiaParse:
+    table = parse_csv(text, MAX_GPUS, "too_many_gpus", join_tail=True)
+    if "index" not in table.header:
+        raise CollectorError("parse_error", "no index column")
+    gpus: dict[str, GpuData] = {}
+    duplicates = 0
+    for row in table.rows:
+        gpu = nvidia_row_to_gpu(row)
+        duplicates += gpu.gpu in gpus
+        gpus.setdefault(gpu.gpu, gpu)
+    return NvidiaParse(sorted(gpus.values(), key=lambda g: int(g.gpu)), table.skipped, duplicates)
+
+
+def nvidia_gpus_and_notes(text: str) -> tuple[list[GpuData], list[Sample]]:
+    """GPUs plus the parse's health series; duplicate indices fail the cycle:
+    which of two rows for one GPU is right cannot be known."""
+    parsed = parse_nvidia_output(text)
+    notes = [
+        Sample("collector_skipped_lines", (), float(parsed.skipped)),
+        Sample("collector_duplicate_gpu_rows", (), float(parsed.duplicates)),
+    ]
+    if parsed.duplicates:
+        raise CollectorError("duplicate_gpu", f"{parsed.duplicates} rows repeat an index", notes)
+    return parsed.gpus, notes
 
 
 def parse_nvidia_gpus(text: str) -> list[GpuData]:
-    header, rows = parse_csv(text)
-    if "index" not in header:
-        raise CollectorError("parse_error", "no index column")
-    gpus = [g for g in (nvidia_row_to_gpu(r) for r in rows) if g is not None]
-    return sorted(gpus, key=lambda g: int(g.gpu))
+    return nvidia_gpus_and_notes(text)[0]
 
 
 class ComputeApp(NamedTuple):
@@ -492,12 +680,12 @@ class ComputeApp(NamedTuple):
 
 def parse_compute_apps(text: str) -> list[ComputeApp]:
     apps = []
-    header, rows = parse_csv(text)
-    if "pid" not in header:
+    table = parse_csv(text, MAX_COMPUTE_APPS, "too_many_processes")
+    if "pid" not in table.header:
         raise CollectorError("parse_error", "no pid column")
-    for row in rows:
+    for row in table.rows:
         pid = row.get("pid", "")
-        if not pid.isdigit():
+        if not PID_RE.fullmatch(pid):
             continue
         mem = parse_number(row.get("used_memory", row.get("used_gpu_memory")))
         apps.append(
@@ -590,7 +778,7 @@ def parse_amd_smi(metric_doc: Any, static_doc: Any) -> list[GpuData]:
     gpus = []
     for entry in _amd_entries(metric_doc):
         index = str(entry.get("gpu", ""))
-        if not index.isdigit():
+        if not INDEX_RE.fullmatch(index):
             continue
         static = statics.get(index, {})
         values = []
@@ -634,7 +822,7 @@ ROCM_SMI_KEYS: tuple[tuple[str, float, tuple[str, ...]], ...] = (
 
 
 def _rocm_clock(raw: Any) -> float | None:
-    match = re.search(r"(\d+(?:\.\d+)?)\s*mhz", str(raw or ""), re.IGNORECASE)
+    match = re.search(r"(\d+(?:\.\d+)?)\s*mhz", str(raw or "")[:MAX_NUMBER_CHARS], re.IGNORECASE)
     return float(match.group(1)) * 1e6 if match else None
 
 
@@ -645,7 +833,7 @@ def parse_rocm_smi(doc: Any) -> list[GpuData]:
     driver = clean_label(str(_get(doc, "system", "Driver version") or ""))
     gpus = []
     for key, card in doc.items():
-        match = re.fullmatch(r"card(\d+)", key)
+        match = re.fullmatch(r"card([0-9]{1,4})", str(key))
         if not match or not isinstance(card, dict):
             continue
         values = []
@@ -775,31 +963,135 @@ def pci_map_of(gpus: Iterable[GpuData]) -> dict[str, list[str]]:
 
 
 # ------------------------------------------------------------ Slurm attribution
+#
+# A GPU process's Slurm job comes from its cgroup path, which slurmstepd (root)
+# creates and the job's user cannot choose. One line of /proc/PID/cgroup is
+# "hierarchy-id:controllers:path"; the path shapes (after any prefix, e.g. a
+# container's cgroup namespace root):
+#   cgroup v1 (22.05, 24.11): /slurm/uid_<uid>/job_<id>[/step_<s>[/task_<n>]]
+#       /slurm_<node>/... when several slurmd run on the host; 24.11 in a private
+#       cgroupns: "4:freezer:/slurm_<node>/uid_1000/job_3/step_batch"
+#   cgroup v2 ("0::" line): /system.slice/slurmstepd.scope/job_<id>/step_<s>[/user/task_<n>]
+#       /system.slice/<node>_slurmstepd.scope/... when several slurmd run
+#   Slurm 26.05+ (v2) names the job directory by its SLUID instead of job_<id>
+#       (.../slurmstepd.scope/sEKNKTV3WPV500/step_0/...) unless cgroup.conf has
+#       CgroupJobIdPaths=yes (26.05.2+).
+# A SLUID is "s" + 13 Crockford base32 digits of a 64-bit number made of a
+# cluster id, a millisecond timestamp and a sequence number (Slurm's
+# src/common/sluid.c): the job id cannot be computed from it. The collector
+# then reads SLURM_JOB_ID from the environment of one process of that job
+# (bounded: ENVIRON_MAX_BYTES per read, ENVIRON_MAX_READS per cycle, one success
+# per SLUID). The environment is the job owner's to change, so that job_id is
+# only as trustworthy as the job's user; the sluid label (from the path) and the
+# user label (from the kernel's uid) are not. Without an answer (no such
+# variable, e.g. an ssh session adopted into step_extern; unreadable) the SLUID
+# itself is the job_id.
 
-SLURM_JOB_RE = re.compile(r"/job_(\d+)(?:/|$)")
-SLURM_UID_RE = re.compile(r"/uid_(\d+)/")
+SLURM_V1_ROOT_RE = re.compile(r"slurm(?:_[A-Za-z0-9._-]{1,200})?")
+SLURM_V2_SCOPE_RE = re.compile(r"(?:[A-Za-z0-9._-]{1,200}_)?slurmstepd\.scope")
+JOB_DIR_RE = re.compile(r"job_([1-9][0-9]{0,9})")
+JOB_ID_RE = re.compile(r"([1-9][0-9]{0,9})")
+UID_DIR_RE = re.compile(r"uid_([0-9]{1,10})")
+HIERARCHY_RE = re.compile(r"[0-9]{1,10}")
+# 's' + 13 digits of "0123456789ABCDEFGHJKMNPQRSTVWXYZ"; the first carries 4 bits.
+SLUID_RE = re.compile(r"s[0-9A-F][0-9A-HJKMNP-TV-Z]{12}", re.IGNORECASE)
+MAX_JOB_ID = 0xFFFFFFFD  # 0xFFFFFFFE/0xFFFFFFFF are Slurm's NO_VAL/INFINITE
+MAX_UID = 0xFFFFFFFE  # (uid_t)-1 is not a user
+CGROUP_MAX_BYTES = 64 << 10  # /proc/PID/cgroup and /proc/PID/status
+MAX_CGROUP_LINE = 8192  # the kernel's cgroup paths are at most PATH_MAX (4096)
+ENVIRON_MAX_BYTES = 512 << 10  # ARG_MAX-sized environments are cut, never the answer
+ENVIRON_MAX_READS = 32
 
 
-def parse_slurm_cgroup(text: str) -> tuple[str, int | None] | None:
-    """/proc/PID/cgroup text -> (job id, uid from a v1 'uid_N' component or None).
+class CgroupJob(NamedTuple):
+    job_id: str  # Slurm job id; "" when the cgroup names the job by its SLUID
+    uid: int | None  # from a cgroup v1 uid_<N> component
+    sluid: str = ""  # Slurm 26.05+ job directory name, upper case
 
-    v2: '0::/system.slice/slurmstepd.scope/job_123/step_0/user/task_0'
-    v1: '12:memory:/slurm/uid_1000/job_123/step_0' (also /slurm_<node>/...).
-    """
+
+def parse_slurm_cgroup(text: str) -> CgroupJob | None:
+    """/proc/PID/cgroup text -> the Slurm job of the first line that names one."""
     for line in text.splitlines():
-        path = line.split(":", 2)[-1]
-        if "slurm" not in path:
-            continue
-        job = SLURM_JOB_RE.search(path)
-        if job:
-            uid = SLURM_UID_RE.search(path)
-            return job.group(1), int(uid.group(1)) if uid else None
+        job = slurm_job_of_path(cgroup_line_path(line))
+        if job is not None:
+            return job
     return None
 
 
+def cgroup_line_path(line: str) -> str:
+    """'12:freezer:/slurm/uid_1/job_3' or '0::/system.slice/...' -> the path, else ''."""
+    parts = line.split(":", 2)
+    if len(line) > MAX_CGROUP_LINE or len(parts) != 3 or not HIERARCHY_RE.fullmatch(parts[0]):
+        return ""
+    return parts[2] if parts[2].startswith("/") else ""
+
+
+def slurm_job_of_path(path: str) -> CgroupJob | None:
+    parts = [*path.split("/"), "", ""]
+    for i, part in enumerate(parts[:-2]):
+        if SLURM_V2_SCOPE_RE.fullmatch(part):
+            job = job_dir(parts[i + 1], None)
+        elif SLURM_V1_ROOT_RE.fullmatch(part):
+            uid = bounded_int(UID_DIR_RE, parts[i + 1], MAX_UID)
+            job = job_dir(parts[i + 1 if uid is None else i + 2], uid)
+        else:
+            continue
+        if job is not None:
+            return job
+    return None
+
+
+def job_dir(name: str, uid: int | None) -> CgroupJob | None:
+    """'job_3' or 'sEKNKTV3WPV500' (the directory below the Slurm root) -> CgroupJob."""
+    job_id = bounded_int(JOB_DIR_RE, name, MAX_JOB_ID)
+    if job_id is not None:
+        return CgroupJob(str(job_id), uid)
+    if SLUID_RE.fullmatch(name):
+        return CgroupJob("", uid, "s" + name[1:].upper())
+    return None
+
+
+def bounded_int(pattern: re.Pattern[str], text: str, maximum: int) -> int | None:
+    match = pattern.fullmatch(text)
+    value = int(match.group(1)) if match else None
+    return value if value is not None and value <= maximum else None
+
+
 def parse_status_uid(text: str) -> int | None:
-    match = re.search(r"^Uid:\s+(\d+)", text, re.MULTILINE)
+    match = re.search(r"^Uid:\s+([0-9]{1,10})\s", text + "\n", re.MULTILINE)
     return int(match.group(1)) if match else None
+
+
+def environ_job_id(data: bytes) -> str:
+    """First SLURM_JOB_ID=<valid id> of /proc/PID/environ bytes, else ''.
+
+    Entries end in NUL, so the last piece of a split is empty or was cut by the
+    read limit: it is never used.
+    """
+    for entry in data.split(b"\0")[:-1]:
+        if entry.startswith(b"SLURM_JOB_ID="):
+            text = entry[len(b"SLURM_JOB_ID=") :].decode("ascii", "replace")
+            job_id = bounded_int(JOB_ID_RE, text, MAX_JOB_ID)
+            return "" if job_id is None else str(job_id)
+    return ""
+
+
+class SluidResolver:
+    """SLUID -> job id for one cycle, from the environment of the job's processes."""
+
+    def __init__(self, proc_root: str, max_reads: int = ENVIRON_MAX_READS) -> None:
+        self.proc_root = proc_root
+        self.reads_left = max_reads
+        self.ids: dict[str, str] = {}
+
+    def learn(self, sluid: str, pid: int) -> None:
+        if sluid in self.ids or self.reads_left <= 0:
+            return
+        self.reads_left -= 1
+        data = _read_bytes(os.path.join(self.proc_root, str(pid), "environ"), ENVIRON_MAX_BYTES)
+        job_id = environ_job_id(data or b"")
+        if job_id:
+            self.ids[sluid] = job_id
 
 
 def user_name(uid: int | None) -> str:
@@ -811,30 +1103,48 @@ def user_name(uid: int | None) -> str:
         return str(uid)
 
 
-def _read_text(path: str) -> str | None:
+def _read_bytes(path: str, limit: int) -> bytes | None:
     try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
+        with open(path, "rb") as handle:
+            return handle.read(limit)
     except OSError:
         return None
 
 
-def job_of_pid(proc_root: str, pid: int) -> tuple[str, str] | None:
-    cgroup = _read_text(os.path.join(proc_root, str(pid), "cgroup"))
-    parsed = parse_slurm_cgroup(cgroup or "")
+def _read_text(path: str, limit: int = STATE_MAX_BYTES) -> str | None:
+    data = _read_bytes(path, limit)
+    return None if data is None else data.decode("utf-8", "replace")
+
+
+class JobRef(NamedTuple):
+    job_id: str  # "" until a SLUID is resolved (see job_label)
+    user: str
+    sluid: str = ""
+
+
+def job_of_pid(proc_root: str, pid: int, resolver: SluidResolver | None = None) -> JobRef | None:
+    pid_dir = os.path.join(proc_root, str(pid))
+    parsed = parse_slurm_cgroup(_read_text(os.path.join(pid_dir, "cgroup"), CGROUP_MAX_BYTES) or "")
     if parsed is None:
         return None
-    job_id, uid = parsed
+    uid = parsed.uid
     if uid is None:
-        uid = parse_status_uid(_read_text(os.path.join(proc_root, str(pid), "status")) or "")
-    return job_id, user_name(uid)
+        uid = parse_status_uid(_read_text(os.path.join(pid_dir, "status"), CGROUP_MAX_BYTES) or "")
+    if parsed.sluid and resolver is not None:
+        resolver.learn(parsed.sluid, pid)
+    return JobRef(parsed.job_id, user_name(uid), parsed.sluid)
+
+
+def job_label(job: JobRef, sluid_ids: dict[str, str]) -> str:
+    """The job_id label: the id, the id learned for the SLUID, else the SLUID."""
+    return job.job_id or sluid_ids.get(job.sluid, "") or job.sluid
 
 
 def jobs_by_gpu(
-    apps: Iterable[ComputeApp], lookup: Callable[[int], tuple[str, str] | None]
-) -> dict[str, set[tuple[str, str]]]:
-    """gpu uuid -> {(job id, user)}: one entry per (GPU, job), never per PID."""
-    out: dict[str, set[tuple[str, str]]] = {}
+    apps: Iterable[ComputeApp], lookup: Callable[[int], JobRef | None]
+) -> dict[str, set[JobRef]]:
+    """gpu uuid -> {JobRef}: one entry per (GPU, job), never per PID."""
+    out: dict[str, set[JobRef]] = {}
     for app in apps:
         job = lookup(app.pid)
         if job is not None:
@@ -855,11 +1165,16 @@ def to_samples(gpus: list[GpuData]) -> list[Sample]:
         base = base_labels(gpu)
         samples.append(Sample("info", base + tuple(sorted(gpu.info.items())), 1.0))
         samples.extend(Sample(name, base + extra, value) for name, extra, value in gpu.values)
+        if gpu.unreadable is not None:
+            samples.append(Sample("unreadable_fields", base, float(gpu.unreadable)))
     return samples
 
 
 def compute_app_samples(
-    gpus: list[GpuData], apps: list[ComputeApp], jobs: dict[str, set[tuple[str, str]]]
+    gpus: list[GpuData],
+    apps: list[ComputeApp],
+    jobs: dict[str, set[JobRef]],
+    sluid_ids: dict[str, str] | None = None,
 ) -> list[Sample]:
     samples = []
     for gpu in gpus:
@@ -869,10 +1184,18 @@ def compute_app_samples(
         known = [a.used_bytes for a in mine if a.used_bytes is not None]
         if known or not mine:
             samples.append(Sample("compute_processes_used_memory_bytes", base, float(sum(known))))
-        for job_id, user in sorted(jobs.get(gpu.uuid, ())):
-            labels = (*base, ("job_id", job_id), ("user", user))
-            samples.append(Sample("slurm_job_info", labels, 1.0))
+        samples.extend(job_samples(base, jobs.get(gpu.uuid, set()), sluid_ids or {}))
     return samples
+
+
+def job_samples(
+    base: tuple[tuple[str, str], ...], jobs: set[JobRef], sluid_ids: dict[str, str]
+) -> list[Sample]:
+    out = set()
+    for job in jobs:
+        labels = (*base, ("job_id", job_label(job, sluid_ids)), ("user", job.user))
+        out.add(labels + ((("sluid", job.sluid),) if job.sluid else ()))
+    return [Sample("slurm_job_info", labels, 1.0) for labels in sorted(out)]
 
 
 def health_samples(
@@ -940,7 +1263,11 @@ LAST_SUCCESS_RE = re.compile(
 
 def previous_last_success(text: str | None) -> float | None:
     match = LAST_SUCCESS_RE.search(text or "")
-    return float(match.group(1)) if match else None
+    try:
+        value = float(match.group(1)) if match else None
+    except ValueError:  # e.g. "1..2" in a hand-edited file
+        return None
+    return value if value is not None and math.isfinite(value) else None
 
 
 # ------------------------------------------------------------------------- I/O
@@ -975,11 +1302,50 @@ def write_atomic(path: str, text: str) -> None:
         pass
 
 
-def run_command(argv: list[str], timeout: float) -> CommandResult:
-    """Run with a hard timeout; on expiry SIGKILL the whole process group.
+class BoundedBuffer:
+    """Collects a stream up to ``limit`` bytes: the first bytes (head) or the last
+    ones (tail, whole lines only). ``overflow`` tells that bytes were dropped."""
 
-    After the kill, wait only briefly: a process stuck in the driver (D state)
-    cannot be reaped, and the collector must still write its failure file.
+    def __init__(self, limit: int, tail: bool = False) -> None:
+        self.limit = limit
+        self.tail = tail
+        self.data = bytearray()
+        self.overflow = False
+        self.mid_line = False  # tail: the kept bytes start inside a line
+
+    def add(self, chunk: bytes) -> None:
+        if self.tail:
+            self.data += chunk
+            if len(self.data) > 2 * self.limit:
+                self._trim()
+            return
+        room = self.limit - len(self.data)
+        self.data += chunk[: max(room, 0)]
+        self.overflow = self.overflow or len(chunk) > room
+
+    def _trim(self) -> None:
+        cut = len(self.data) - self.limit
+        self.mid_line = self.data[cut - 1] != ord("\n")
+        del self.data[:cut]
+        self.overflow = True
+
+    def text(self) -> str:
+        if self.tail and len(self.data) > self.limit:
+            self._trim()
+        start = self.data.find(b"\n") + 1 if self.mid_line else 0
+        return bytes(self.data[start:]).decode("utf-8", "replace")
+
+
+def run_command(
+    argv: list[str], timeout: float, max_bytes: int = NVIDIA_MAX_BYTES, keep_tail: bool = False
+) -> CommandResult:
+    """Run with a hard timeout and a bound on the output read.
+
+    On expiry, or when stdout passes ``max_bytes`` (unless ``keep_tail``: then
+    only the newest ``max_bytes`` are kept), the whole process group is killed.
+    The time to kill and reap it is part of ``timeout``: a process stuck in the
+    driver (D state) cannot be reaped, and the collector must still write its
+    failure file before systemd's TimeoutStartSec.
     """
     try:
         proc = subprocess.Popen(
@@ -994,28 +1360,70 @@ def run_command(argv: list[str], timeout: float) -> CommandResult:
         raise CollectorError("not_found", str(exc)) from exc
     except OSError as exc:
         raise CollectorError("exec_error", str(exc)) from exc
+    grace = min(KILL_GRACE_SECONDS, max(timeout, 0.0) / 4)
+    out, err = BoundedBuffer(max_bytes, keep_tail), BoundedBuffer(STDERR_MAX_BYTES)
     try:
-        out, err = proc.communicate(timeout=max(timeout, 0.05))
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        finished = _read_streams(proc, {proc.stdout: out, proc.stderr: err}, timeout - grace)
+        rc = _reap(proc, finished, grace)
+    finally:
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    return CommandResult(rc, out.text(), err.text(), out.overflow)
+
+
+def _read_streams(
+    proc: subprocess.Popen[bytes], buffers: dict[Any, BoundedBuffer], seconds: float
+) -> bool:
+    """Read until both pipes close (True), the time is up or stdout overflows (False)."""
+    end = time.monotonic() + max(seconds, 0.01)
+    stdout = buffers.get(proc.stdout)
+    with selectors.DefaultSelector() as selector:
+        for stream, buffer in buffers.items():
+            selector.register(stream, selectors.EVENT_READ, buffer)
+        while selector.get_map():
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            for key, _ in selector.select(left):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                key.data.add(chunk)
+            if stdout is not None and stdout.overflow and not stdout.tail:
+                return False
+    return True
+
+
+def _reap(proc: subprocess.Popen[bytes], finished: bool, grace: float) -> int | None:
+    """Exit status; None if the process was killed (or outlived its pipes)."""
+    if finished:
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.communicate(timeout=2)
-        return CommandResult(None, "", "")
-    return CommandResult(
-        proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
-    )
+            return proc.wait(timeout=max(grace, 0.01))
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=max(grace, 0.01))
+    return None
 
 
 class Deadline:
-    def __init__(self, seconds: float) -> None:
-        self.end = time.monotonic() + seconds
+    """One deadline for a whole cycle; every command gets what is left of it."""
+
+    def __init__(self, seconds: float, end: float | None = None) -> None:
+        self.end = time.monotonic() + seconds if end is None else end
 
     def left(self) -> float:
         return self.end - time.monotonic()
 
+    def before(self, reserve: float) -> Deadline:
+        """A deadline ``reserve`` seconds earlier (time kept for a later step)."""
+        return Deadline(0.0, self.end - reserve)
+
 
 def _checked(result: CommandResult, what: str) -> str:
+    if result.truncated:
+        raise CollectorError("output_too_large", f"{what} printed more than the byte limit")
     if result.rc is None:
         raise CollectorError("timeout", f"{what} killed at the timeout")
     return result.stdout
@@ -1025,14 +1433,92 @@ def _checked(result: CommandResult, what: str) -> str:
 
 
 def load_json(path: str | None) -> dict[str, Any]:
-    if not path:
-        return {}
-    text = _read_text(path)
-    try:
-        data = json.loads(text) if text else {}
-    except ValueError:
-        return {}
+    """A state file's JSON object; {} if absent, unreadable, not JSON or not an object."""
+    data = load_json_value(path)
     return data if isinstance(data, dict) else {}
+
+
+def load_json_value(path: str | None) -> Any:
+    """Any JSON value of a state file (bounded read); None if absent or not JSON."""
+    text = _read_text(path) if path else None
+    try:
+        return json.loads(text) if text else None
+    except (ValueError, RecursionError):
+        return None
+
+
+XID_KEY_RE = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\|[0-9]{1,6}")
+POSITION_TYPES: dict[str, tuple[type, ...]] = {
+    "inode": (int,),
+    "offset": (int,),
+    "seq": (int,),
+    "boot_id": (str,),
+    "cursor": (str, type(None)),
+}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _valid_counts(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and XID_KEY_RE.fullmatch(k) and _is_int(v) and 0 <= v < 2**53
+        for k, v in value.items()
+    )
+
+
+def _valid_pci_map(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str)
+        and isinstance(v, list)
+        and len(v) == 2
+        and all(isinstance(x, str) for x in v)
+        for k, v in value.items()
+    )
+
+
+def _valid_position(value: Any) -> bool:
+    """{"inode", "offset"} (file), {"cursor"} (journald), {"boot_id", "seq"} (kmsg)."""
+    if not isinstance(value, dict):
+        return False
+    for key, item in value.items():
+        types = POSITION_TYPES.get(key, (object,))
+        if isinstance(item, bool) or not isinstance(item, types):
+            return False
+        if _is_int(item) and item < -1:  # seq starts at -1
+            return False
+    return True
+
+
+XID_STATE_CHECKS: tuple[tuple[str, Callable[[Any], bool]], ...] = (
+    ("counts", _valid_counts),
+    ("pci_map", _valid_pci_map),
+    ("position", _valid_position),
+    ("source", lambda value: isinstance(value, str)),
+)
+
+
+def xid_state_problem(data: Any) -> str:
+    """'' if ``data`` has the shape the collector writes, else what is wrong."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    for key, valid in XID_STATE_CHECKS:
+        if key in data and not valid(data[key]):
+            return f"{key!r} has the wrong shape"
+    return ""
+
+
+def load_xid_state(path: str | None) -> dict[str, Any]:
+    """The XID state; a file of any other shape counts as empty (one log line)."""
+    if not path or not os.path.exists(path):
+        return {}
+    data = load_json_value(path)
+    problem = xid_state_problem(data)
+    if problem:
+        log(f"ignoring XID state {path} ({problem}): XID counters start from zero")
+        return {}
+    return dict(data)
 
 
 def save_json(path: str | None, data: dict[str, Any]) -> None:
@@ -1060,6 +1546,11 @@ def binary_identity(path: str) -> str:
     return f"{path}:{st.st_size}:{st.st_mtime_ns}"
 
 
+def _str_list(value: Any) -> list[str]:
+    ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+    return list(value) if ok else []
+
+
 class FieldMemory:
     """Fields the installed driver rejected; reset when the nvidia-smi binary changes."""
 
@@ -1068,8 +1559,8 @@ class FieldMemory:
         data = load_json(path)
         fresh = data.get("binary") == identity
         self.identity = identity
-        self.removed: list[str] = list(data.get("removed", [])) if fresh else []
-        self.aliased: list[str] = list(data.get("aliased", [])) if fresh else []
+        self.removed: list[str] = _str_list(data.get("removed")) if fresh else []
+        self.aliased: list[str] = _str_list(data.get("aliased")) if fresh else []
 
     def fields(self) -> list[str]:
         return effective_fields(self.removed, self.aliased)
@@ -1143,18 +1634,30 @@ def query_amd(args: argparse.Namespace, deadline: Deadline) -> list[GpuData]:
     if args.amd_smi_resolved:
         docs = []
         for sub in ("metric", "static"):
-            result = run_command([args.amd_smi_resolved, sub, "--json"], deadline.left())
+            argv = [args.amd_smi_resolved, sub, "--json"]
+            result = run_command(argv, deadline.left(), AMD_MAX_BYTES)
             stdout = _checked(result, f"amd-smi {sub}")
             if result.rc != 0:
                 raise CollectorError("exit_code", f"amd-smi {sub} rc={result.rc}")
             docs.append(_load_json_text(stdout))
-        return parse_amd_smi(docs[0], docs[1])
+        return checked_gpu_list(parse_amd_smi(docs[0], docs[1]))
     argv = [args.rocm_smi_resolved, *ROCM_SMI_ARGS]
-    result = run_command(argv, deadline.left())
+    result = run_command(argv, deadline.left(), AMD_MAX_BYTES)
     stdout = _checked(result, "rocm-smi")
     if result.rc != 0:
         raise CollectorError("exit_code", f"rocm-smi rc={result.rc}")
-    return parse_rocm_smi(_load_json_text(stdout))
+    return checked_gpu_list(parse_rocm_smi(_load_json_text(stdout)))
+
+
+def checked_gpu_list(gpus: list[GpuData]) -> list[GpuData]:
+    """The MAX_GPUS and duplicate-index checks for GPUs parsed from JSON."""
+    if len(gpus) > MAX_GPUS:
+        raise CollectorError("too_many_gpus", f"{len(gpus)} GPUs, at most {MAX_GPUS}")
+    duplicates = len(gpus) - len({g.gpu for g in gpus})
+    if duplicates:
+        note = Sample("collector_duplicate_gpu_rows", (), float(duplicates))
+        raise CollectorError("duplicate_gpu", f"{duplicates} repeated GPU indices", [note])
+    return gpus
 
 
 ROCM_SMI_ARGS = (
@@ -1181,7 +1684,7 @@ def _load_json_text(text: str) -> Any:
     start = min((i for i in (text.find("{"), text.find("[")) if i >= 0), default=-1)
     try:
         return json.loads(text[start:]) if start >= 0 else None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise CollectorError("parse_error", f"bad JSON: {exc}") from exc
 
 
@@ -1189,15 +1692,20 @@ def _load_json_text(text: str) -> Any:
 
 
 def read_xid_file(path: str, state: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
-    """New complete lines since the stored offset (restart if rotated/truncated)."""
+    """New complete lines since the stored offset (restart if rotated/truncated).
+
+    At most XID_FILE_MAX_BYTES per cycle: a backlog is read over several cycles.
+    """
     st = os.stat(path)
     offset = int(state.get("offset", 0))
     if state.get("inode") != st.st_ino or st.st_size < offset:
         offset = 0
     with open(path, "rb") as handle:
         handle.seek(offset)
-        data = handle.read()
+        data = handle.read(XID_FILE_MAX_BYTES)
     end = data.rfind(b"\n") + 1
+    if end == 0 and len(data) == XID_FILE_MAX_BYTES:  # one line longer than that: skip it
+        return [], {"inode": st.st_ino, "offset": offset + len(data)}
     lines = data[:end].decode("utf-8", "replace").splitlines()
     return lines, {"inode": st.st_ino, "offset": offset + end}
 
@@ -1206,7 +1714,9 @@ def read_xid_journald(state: dict[str, Any], timeout: float) -> tuple[list[str],
     argv = ["journalctl", "-k", "-b", "-q", "--no-pager", "-o", "cat", "--show-cursor"]
     if state.get("cursor"):
         argv.append("--after-cursor=" + str(state["cursor"]))
-    result = run_command(argv, timeout)
+    result = run_command(argv, timeout, JOURNAL_MAX_BYTES, keep_tail=True)
+    if result.truncated:
+        log(f"kernel log backlog over {JOURNAL_MAX_BYTES} bytes: only its newest lines are read")
     # journalctl -b exits 1 with no output when this boot has no kernel entries yet
     # (seen in containers): nothing new, not a failure.
     if result.rc == 1 and not result.stdout.strip():
@@ -1228,7 +1738,7 @@ def parse_kmsg_record(record: str) -> tuple[int, str] | None:
     """'6,1234,5678,-;NVRM: Xid ...' -> (1234, message)."""
     head, sep, message = record.partition(";")
     fields = head.split(",")
-    if not sep or len(fields) < 3 or not fields[1].isdigit():
+    if not sep or len(fields) < 3 or not re.fullmatch(r"[0-9]{1,19}", fields[1]):
         return None
     return int(fields[1]), message.split("\n", 1)[0]
 
@@ -1303,10 +1813,10 @@ def state_file(args: argparse.Namespace, name: str) -> str | None:
 
 
 def collect_gpu_samples(
-    args: argparse.Namespace, memory: FieldMemory | None
+    args: argparse.Namespace, memory: FieldMemory | None, deadline: Deadline | None = None
 ) -> tuple[list[Sample], list[GpuData], bool | None]:
     """The vendor part of a cycle: (samples, gpus, compute-apps ok or None)."""
-    deadline = Deadline(args.timeout)
+    deadline = deadline or Deadline(args.timeout)
     vendor = resolve_tools(args)
     if vendor == "amd":
         gpus = query_amd(args, deadline)
@@ -1315,15 +1825,17 @@ def collect_gpu_samples(
         raise CollectorError("no_vendor_tool", "no nvidia-smi, amd-smi or rocm-smi found")
     if memory is None:
         memory = FieldMemory(None, "")
-    gpus = parse_nvidia_gpus(query_nvidia_gpus(args.nvidia_smi_resolved, memory, deadline))
-    samples = to_samples(gpus)
+    text = query_nvidia_gpus(args.nvidia_smi_resolved, memory, deadline)
+    gpus, notes = nvidia_gpus_and_notes(text)
+    samples = to_samples(gpus) + notes
     try:
         apps = query_compute_apps(args.nvidia_smi_resolved, deadline)
     except CollectorError as exc:
         log(f"compute apps: {exc}")
         return samples, gpus, False
-    jobs = jobs_by_gpu(apps, lambda pid: job_of_pid(args.proc_root, pid))
-    return samples + compute_app_samples(gpus, apps, jobs), gpus, True
+    resolver = SluidResolver(args.proc_root)
+    jobs = jobs_by_gpu(apps, lambda pid: job_of_pid(args.proc_root, pid, resolver))
+    return samples + compute_app_samples(gpus, apps, jobs, resolver.ids), gpus, True
 
 
 class Collector:
@@ -1336,35 +1848,53 @@ class Collector:
         self.memory = FieldMemory(state_file(args, "nvidia_fields.json"), binary_identity(nvidia))
         self.last_success = previous_last_success(_read_text(self.output))
         self.xid_path = state_file(args, "xid_state.json")
-        self.xid_state = load_json(self.xid_path)
+        self.xid_state = load_xid_state(self.xid_path) if args.xid_source != "none" else {}
         if args.xid_source != "none" and not self.xid_path:
             log("no --state-dir: XID counters restart with every process")
 
-    def update_xids(self, gpus: list[GpuData], ok: bool) -> list[Sample]:
+    def journal_reserve(self) -> float:
+        """Seconds of the cycle kept for journalctl after the vendor tool."""
+        if self.args.xid_source != "journald":
+            return 0.0
+        return min(JOURNAL_RESERVE_SECONDS, self.args.timeout / 4)
+
+    def update_xids(self, gpus: list[GpuData], ok: bool, deadline: Deadline) -> list[Sample]:
         state = dict(self.xid_state)
         if ok:  # keep GPUs that vanished: their XIDs (79) must still map to them
             state["pci_map"] = {**state.get("pci_map", {}), **pci_map_of(gpus)}
-        state, xid_ok = collect_xids(self.args.xid_source, state, max(self.args.timeout, 1.0))
+        state, xid_ok = collect_xids(self.args.xid_source, state, deadline.left())
         if state != self.xid_state:
             save_json(self.xid_path, state)
             self.xid_state = state
         samples = xid_samples(state.get("counts", {}), state.get("pci_map", {}))
         return [*samples, Sample("collector_xid_success", (), 1.0 if xid_ok else 0.0)]
 
+    def collect(self, deadline: Deadline) -> tuple[list[Sample], list[GpuData], bool | None]:
+        """collect_gpu_samples; any other exception becomes internal_error, so a
+        bug can never leave the last cycle's success file in place."""
+        try:
+            return collect_gpu_samples(self.args, self.memory, deadline)
+        except CollectorError:
+            raise
+        except Exception as exc:  # reported as reason internal_error
+            raise CollectorError("internal_error", f"{type(exc).__name__}: {exc}") from exc
+
     def cycle(self) -> bool:
         args = self.args
         start = time.monotonic()
+        deadline = Deadline(args.timeout)  # the whole cycle, journalctl included
         extra: list[Sample] = []
         if args.expected_gpus is not None:
             extra.append(Sample("expected_devices", (), float(args.expected_gpus)))
         try:
-            samples, gpus, apps_ok = collect_gpu_samples(args, self.memory)
+            samples, gpus, apps_ok = self.collect(deadline.before(self.journal_reserve()))
             error: CollectorError | None = None
         except CollectorError as exc:
             samples, gpus, apps_ok, error = [], [], None, exc
+            extra.extend(exc.samples)
             log(str(exc))
         if args.xid_source != "none":
-            extra.extend(self.update_xids(gpus, error is None))
+            extra.extend(self.update_xids(gpus, error is None, deadline))
         if apps_ok is not None:
             extra.append(Sample("collector_compute_apps_success", (), 1.0 if apps_ok else 0.0))
         if error is None:
@@ -1397,7 +1927,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--interval", type=float, default=15.0, help="seconds between cycles (loop mode)"
     )
     parser.add_argument(
-        "--timeout", type=float, default=10.0, help="budget for the vendor tool calls of a cycle"
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="deadline of a whole cycle: vendor tool calls and journalctl",
     )
     parser.add_argument("--expected-gpus", type=int, default=None, help="GPUs this node must have")
     parser.add_argument(

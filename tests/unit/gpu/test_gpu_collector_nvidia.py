@@ -217,7 +217,8 @@ def test_hang_is_killed_and_gpu_series_disappear(fake_smi, run_collector, tmp_pa
     assert one(text, "node_gpu_collector_success") == 0
     assert one(text, "node_gpu_collector_error_info", reason="timeout") == 1
     assert one(text, "node_gpu_collector_last_success_timestamp_seconds") == last_success
-    assert one(text, "node_gpu_collector_duration_seconds") >= 1
+    # killing and reaping the hung tool is part of the 1 s budget
+    assert 0.5 <= one(text, "node_gpu_collector_duration_seconds") <= 1.5
     assert not any(name in names_of(text) for name in SIX)
     assert "node_gpu_info" not in names_of(text)
     assert "node_gpu_compute_processes" not in names_of(text)

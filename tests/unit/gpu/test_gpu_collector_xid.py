@@ -96,7 +96,7 @@ def test_kmsg_record():
 def test_journald_cursor_is_passed_and_kept(monkeypatch):
     seen = []
 
-    def fake_run(argv, timeout):
+    def fake_run(argv, timeout, *_bounds, **_kw):
         seen.append(argv)
         out = "NVRM: Xid (PCI:0000:3b:00): 31, pid=1, MMU Fault\n-- cursor: s=abc;i=2\n"
         return gc.CommandResult(0, out, "")
