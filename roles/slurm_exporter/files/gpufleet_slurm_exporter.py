@@ -21,23 +21,29 @@ import argparse
 import base64
 import binascii
 import contextlib
+import errno
 import hashlib
+import io
+import itertools
 import json
 import logging
 import math
 import os
 import re
+import select
 import signal
 import socket
+import socketserver
 import ssl
 import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 __version__ = "0.1.0"
@@ -61,6 +67,14 @@ COMMANDS: dict[str, list[str]] = {
     "sdiag": ["sdiag"],
     "sshare": ["sshare", "-a", "-P", "-n", "-o", SSHARE_FIELDS],
 }
+# How job records are read (--job-source). "text" is the scontrol_jobs line above, read by a
+# parser that knows the record's fixed layout (parse_scontrol_jobs); "json" is Slurm's
+# data_parser output, where user text is a quoted JSON string and cannot add fields.
+# "auto" takes json from JSON_MIN_VERSION on (checked on 24.11) and text before (22.05 has no
+# `scontrol --json`).
+JOB_JSON_COMMAND = ["scontrol", "show", "job", "-d", "--json"]
+JOB_SOURCES = ("auto", "json", "text")
+JSON_MIN_VERSION = (24, 11)
 # Commands whose success means slurmctld answered (slurm_up).
 UP_COMMANDS = ("sinfo_nodes", "squeue")
 # Results of these are not served once they are older than --max-stale; per-job series
@@ -105,6 +119,40 @@ JOB_STATES: dict[str, str] = {
 }
 
 MISSING = ("", "(null)", "N/A", "n/a", "none", "None", "Unknown")
+
+# Bounds on what one collection may expand or export, whatever Slurm (or a user's text in it)
+# says. A hostlist expression is refused before it is expanded.
+MAX_HOSTS_PER_EXPRESSION = 65536  # hosts one hostlist expression may name
+MAX_HOSTS_PER_SCRAPE = 262144  # hosts all job hostlists of one collection may name together
+MAX_GRES_INDICES = 1024  # GPU indices in one IDX:... list
+MAX_GRES_INDEX = 65535  # largest GPU index
+MAX_GPU_COUNT = 65536  # GPUs in one GRES token
+MAX_RECORD_TOKENS = 100000  # Key=value tokens read from one scontrol record
+DEFAULT_MAX_JOB_SERIES = 5000
+DEFAULT_MAX_GPU_INDEX_SERIES = 40000
+# Job states squeue prints for jobs that no longer hold resources.
+TERMINAL_STATES = frozenset(
+    (
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "TIMEOUT",
+    )
+)
+# Why a job record was left out of the per-job series (slurm_exporter_job_records_rejected).
+REJECT_REASONS = (
+    "malformed",  # not a record of the known layout
+    "ambiguous",  # free text holds a second complete record head: no way to tell which is real
+    "duplicate",  # the same job id twice (a line break in free text can forge a record)
+    "bounds",  # hostlist or GRES indices beyond the bounds above
+    "not_in_squeue",  # text records only: squeue does not list the job as alive
+    "user_mismatch",  # text records only: squeue names another user
+)
 
 
 class ParseError(ValueError):
@@ -176,7 +224,10 @@ class NodeAlloc:
 
 @dataclass(frozen=True)
 class JobDetail:
-    """One record of ``scontrol show job -d -o``."""
+    """One job record (``scontrol show job -d -o`` or ``--json``).
+
+    ``allocations`` are filled for RUNNING jobs only: no other job's GPUs are exported.
+    """
 
     job_id: str
     state: str
@@ -189,6 +240,24 @@ class JobDetail:
     @property
     def gpus(self) -> int:
         return sum(a.gpus for a in self.allocations)
+
+
+class JobList(list):
+    """Parsed job records plus what was left out and why (a list, for the generic code)."""
+
+    def __init__(self, jobs: Iterable[JobDetail] = (), source: str = "text") -> None:
+        super().__init__(jobs)
+        self.source = source
+        self.rejected: Counter = Counter()
+
+    @property
+    def unusable(self) -> bool:
+        """Output with records, none of them in a known layout (a format change, not an attack)."""
+        return (
+            not self
+            and self.rejected["malformed"] > 0
+            and sum(self.rejected.values()) == self.rejected["malformed"]
+        )
 
 
 @dataclass
@@ -235,49 +304,112 @@ def split_top_level(text: str, sep: str = ",") -> list[str]:
     return [p for p in (s.strip() for s in parts) if p]
 
 
-def expand_ranges(text: str) -> list[int]:
-    """``0-1,3`` -> [0, 1, 3]. Raises ValueError on anything else."""
+class BoundExceeded(ValueError):
+    """The input asks for more than the exporter's bounds allow (MAX_* above)."""
+
+
+class HostBudget:
+    """How many hosts the hostlist expansions of one collection may still produce."""
+
+    def __init__(self, limit: int = MAX_HOSTS_PER_SCRAPE) -> None:
+        self.remaining = limit
+
+    def take(self, count: int) -> None:
+        if count > self.remaining:
+            raise BoundExceeded(f"{count} more hosts exceed this collection's bound")
+        self.remaining -= count
+
+
+_NUMBER_RE = re.compile(r"[0-9]{1,9}")
+
+
+def _range_bounds(part: str) -> tuple[int, int, int]:
+    """``07-12`` -> (7, 12, 2), ``3`` -> (3, 3, 1): at most 9 digits, low <= high."""
+    lo, sep, hi = part.partition("-")
+    if not _NUMBER_RE.fullmatch(lo) or (sep and not _NUMBER_RE.fullmatch(hi)):
+        raise ValueError(f"bad range {part!r}")
+    a = int(lo)
+    b = int(hi) if sep else a
+    if b < a:
+        raise ValueError(f"bad range {part!r}")
+    return a, b, len(lo)
+
+
+def expand_ranges(
+    text: str, limit: int = MAX_GRES_INDICES, max_value: int = MAX_GRES_INDEX
+) -> list[int]:
+    """``0-1,3`` -> [0, 1, 3]. ValueError on anything else or beyond the bounds."""
     out: list[int] = []
     for part in text.split(","):
         part = part.strip()
         if not part:
             continue
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            a, b = int(lo), int(hi)
-            if b < a or b - a > 100000:
-                raise ValueError(f"bad range {part!r}")
-            out.extend(range(a, b + 1))
-        else:
-            out.append(int(part))
+        a, b, _ = _range_bounds(part)
+        if b > max_value or len(out) + (b - a + 1) > limit:
+            raise BoundExceeded(f"range {part!r} beyond the bounds")
+        out.extend(range(a, b + 1))
     return out
 
 
-def expand_hostlist(text: str) -> list[str]:
-    """Expand a Slurm hostlist: ``gpu[01-03,07],vm`` or ``r[1-2]n[1-2]``."""
+def _hostlist_item(item: str) -> list:
+    """One hostlist item split into literals and bracket ranges:
+    ``gpu[01-02,7]x`` -> ["gpu", [(1, 2, 2), (7, 7, 1)], "x"]."""
+    parts: list = []
+    pos = 0
+    while True:
+        open_at = item.find("[", pos)
+        close_at = item.find("]", pos)
+        if open_at < 0:
+            if close_at >= 0:
+                raise ValueError(f"bad hostlist {item!r}")
+            parts.append(item[pos:])
+            return parts
+        if close_at < open_at:
+            raise ValueError(f"bad hostlist {item!r}")
+        parts.append(item[pos:open_at])
+        inner = item[open_at + 1 : close_at]
+        if "[" in inner or not inner:
+            raise ValueError(f"bad hostlist {item!r}")
+        parts.append([_range_bounds(r.strip()) for r in inner.split(",")])
+        pos = close_at + 1
+
+
+def expand_hostlist(
+    text: str, budget: HostBudget | None = None, limit: int = MAX_HOSTS_PER_EXPRESSION
+) -> list[str]:
+    """Expand a Slurm hostlist: ``gpu[01-03,07],vm`` or ``r[1-2]n[1-2]``.
+
+    The size is computed first: an expression naming more than ``limit`` hosts, or more
+    than ``budget`` has left, raises BoundExceeded without expanding anything.
+    """
+    items = [_hostlist_item(item) for item in split_top_level(text)]
+    total = 0
+    for parts in items:
+        size = 1
+        for part in parts:
+            if isinstance(part, list):
+                size *= sum(b - a + 1 for a, b, _ in part)
+                if size > limit:
+                    raise BoundExceeded(f"hostlist {text[:80]!r} names more than {limit} hosts")
+        total += size
+        if total > limit:
+            raise BoundExceeded(f"hostlist {text[:80]!r} names more than {limit} hosts")
+    if budget is not None:
+        budget.take(total)
     hosts: list[str] = []
-    for item in split_top_level(text):
-        m = re.search(r"\[([^\]]*)\]", item)
-        if not m:
-            hosts.append(item)
-            continue
-        prefix, suffix = item[: m.start()], item[m.end() :]
-        for part in m.group(1).split(","):
-            if "-" in part:
-                lo, hi = part.split("-", 1)
-                width = len(lo)
-                a, b = int(lo), int(hi)
-                if b < a or b - a > 100000:
-                    raise ValueError(f"bad hostlist range {part!r}")
-                for n in range(a, b + 1):
-                    hosts.extend(expand_hostlist(f"{prefix}{n:0{width}d}{suffix}"))
-            else:
-                hosts.extend(expand_hostlist(f"{prefix}{part}{suffix}"))
+    for parts in items:
+        choices = [
+            [f"{n:0{w}d}" for a, b, w in part for n in range(a, b + 1)]
+            if isinstance(part, list)
+            else [part]
+            for part in parts
+        ]
+        hosts.extend("".join(combo) for combo in itertools.product(*choices))
     return hosts
 
 
 _PAREN_RE = re.compile(r"^(.*)\(([^()]*)\)$")
-_COUNT_RE = re.compile(r"^(\d+)([KMGTP]?)$")
+_COUNT_RE = re.compile(r"^([0-9]{1,12})([KMGTP]?)$")
 _MULT = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
 
 
@@ -320,6 +452,8 @@ def parse_gres(spec: str) -> tuple[Gres, ...]:
                 indices = tuple(expand_ranges(idx))
         if count is None:
             count = len(indices) if indices else 1
+        if name == "gpu" and count > MAX_GPU_COUNT:
+            raise BoundExceeded(f"gres token {token[:80]!r}: more than {MAX_GPU_COUNT} GPUs")
         out.append(Gres(name=name, type=gtype, count=count, indices=indices))
     return tuple(out)
 
@@ -413,10 +547,14 @@ def parse_sinfo_nodes(text: str) -> tuple[list[NodeRow], int]:
 
 
 def parse_squeue(text: str) -> tuple[list[QueueRow], int]:
-    """Parse ``squeue -h -a -r --states=all -o '%A|%i|%T|%P|%u|%a|%C|%D|%r'``."""
+    """Parse ``squeue -h -a -r --states=all -o '%A|%i|%T|%P|%u|%a|%C|%D|%r'``.
+
+    Lines are split on ``\n`` only (squeue's separator), not on the other characters
+    ``str.splitlines`` knows, which a user's account string may contain.
+    """
     rows: list[QueueRow] = []
     bad = 0
-    for line in text.splitlines():
+    for line in text.split("\n"):
         if not line.strip():
             continue
         fields = line.split("|", 8)
@@ -445,88 +583,356 @@ def parse_squeue(text: str) -> tuple[list[QueueRow], int]:
     return rows, bad
 
 
-_KEY_RE = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/]*)=")
-
-
-def split_scontrol_record(line: str) -> list[tuple[str, str]]:
-    """Split one ``scontrol ... -o`` record into (key, value) pairs, keeping repeats.
-
-    A value runs until the next `` Key=``; values may contain spaces (Reason, OS, JobName).
-    Free text that itself contains `` Word=`` is split there: callers take the first
-    occurrence of each field they read and never read the free-text ones.
-    """
-    matches = list(_KEY_RE.finditer(line))
-    pairs: list[tuple[str, str]] = []
-    for i, m in enumerate(matches):
-        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
-        pairs.append((m.group(1), line[m.end() : end].strip()))
-    return pairs
-
-
 def _user_name(value: str) -> str:
     """``root(0)`` -> ``root``; an unresolvable uid prints as ``4294967294(4294967294)``."""
     m = re.match(r"^([^()]*)\((\d+)\)$", value)
     return m.group(1) if m and m.group(1) else value
 
 
-def parse_scontrol_jobs(text: str) -> tuple[list[JobDetail], int]:
-    """Parse ``scontrol show job -d -o``: one job per line, per-node detail segments.
+# --- scontrol show job -d -o ------------------------------------------------------------
+#
+# A record is one line of "Key=value" tokens in a fixed order (slurm_sprint_job_info):
+#
+#   JobId=N [ArrayJobId=N ArrayTaskId=S [ArrayTaskThrottle=N] | HetJobId=N HetJobOffset=N]
+#   JobName=<free text>
+#   UserId=u(uid) GroupId=g(gid) MCS_label=.. Priority=.. Account=.. .. JobState=.. ..
+#   Partition=.. .. NodeList=.. .. JOB_GRES=..   Nodes=<hostlist> CPU_IDs=.. Mem=.. GRES=..
+#   [  Nodes=.. CPU_IDs=.. Mem=.. GRES=..]... MinCPUsNode=..
+#   MinMemory..= .. Features=.. .. Command=<free> WorkDir=<free> [Comment=<free>]
+#   StdErr=<free> StdIn=<free> StdOut=<free> ...
+#
+# Values are not quoted or escaped, so user text (JobName, WorkDir, Comment, StdOut, ...) can
+# hold " Key=value" and even a line break. Everything read here comes from the prefix up to
+# JobName= and from the "head": the run of tokens from UserId= to MinCPUsNode=, which Slurm
+# fills from its own data (user and group names, numbers, states, hostlists, GRES strings):
+# none of its values has a space. The tail after MinCPUsNode= is never read.
+#
+# The head starts after JobName's free text, at a " UserId=" - but the name may itself contain
+# " UserId=...". So every " UserId=" is tried as a start, and a start counts only if from there
+# space-separated Key=value tokens, each key at most once (the per-node
+# Nodes/CPU_IDs/Mem/GRES group excepted), lead to MinCPUsNode=. A start inside the job name
+# runs into the real " UserId=" (a repeated key) unless the name holds a whole forged head; a
+# start inside later free text needs the same. So a record has exactly one head unless free
+# text forges a complete one: then it is "ambiguous" and left out (only its owner loses
+# series). The per-node GRES groups are read only inside the head, after JOB_GRES=.
+#
+# A line break in free text can make the rest of that text a line of its own, a whole forged
+# record. Such a record either repeats the id of a real record, readable or not (all records
+# of that id are dropped: "duplicate"), or names a job that does not exist; text records are
+# therefore exported only for jobs squeue lists, alive and for the same user (verify_jobs).
 
-    A detail segment is ``Nodes=<hostlist> CPU_IDs=... Mem=... GRES=<gres>``; the hostlist
-    may name several nodes that share the same CPU ids and GRES indices. Finished jobs keep
-    their segments with an empty ``GRES=``.
+_JOB_START_RE = re.compile(
+    r"JobId=([0-9]{1,10}) "
+    r"(?:ArrayJobId=([0-9]{1,10}) ArrayTaskId=\S+ (?:ArrayTaskThrottle=[0-9]+ )?"
+    r"|HetJobId=[0-9]{1,10} HetJobOffset=[0-9]+ )?"
+    r"JobName="
+)
+_TOKEN_RE = re.compile(r"([A-Za-z][A-Za-z0-9_:/]*)=(\S*)")
+# scrontab jobs print the one quoted value with spaces: a cron time spec, which has no "=".
+_CRONTAB_RE = re.compile(r'(CrontabSpec)="([^"=]*)"')
+_DETAIL_KEYS = ("Nodes", "CPU_IDs", "Mem", "GRES")
+_HEAD_REQUIRED = ("Account", "JobState", "Partition")
+_HEAD_START = " UserId="
+
+
+@dataclass(frozen=True)
+class _Head:
+    fields: dict[str, str]
+    segments: tuple[tuple[str, str], ...]  # (hostlist, GRES) of each per-node group
+
+
+def _scan_head(line: str, pos: int) -> _Head | None:
+    """The record head starting at ``pos`` (at "UserId="), or None if none starts there."""
+    fields: dict[str, str] = {}
+    segments: list[tuple[str, str]] = []
+    detail = 0  # index in _DETAIL_KEYS of the next key of a per-node group; 0 = outside one
+    seg_nodes = ""
+    spaces = 1
+    n = len(line)
+    for _ in range(MAX_RECORD_TOKENS):
+        m = _TOKEN_RE.match(line, pos)
+        if m is not None and m.group(1) == "CrontabSpec" and m.group(2).startswith('"'):
+            m = _CRONTAB_RE.match(line, pos)
+        if m is None:
+            return None
+        key, value = m.group(1), m.group(2)
+        if not fields and key != "UserId":
+            return None
+        if detail:
+            if key != _DETAIL_KEYS[detail] or spaces != 1:
+                return None
+            if key == "GRES":
+                segments.append((seg_nodes, value))
+                detail = 0
+            else:
+                detail += 1
+        elif key == "Nodes":
+            if "JOB_GRES" not in fields or spaces < 2:
+                return None
+            seg_nodes, detail = value, 1
+        elif key in _DETAIL_KEYS or key in fields:
+            return None
+        else:
+            fields[key] = value
+            if key == "MinCPUsNode":
+                if any(k not in fields for k in _HEAD_REQUIRED):
+                    return None
+                return _Head(fields, tuple(segments))
+        pos = m.end()
+        start = pos
+        while pos < n and line[pos] == " " and pos - start < 8:
+            pos += 1
+        spaces = pos - start
+        if spaces == 0:
+            return None
+    return None
+
+
+def _gpu_alloc(gres_value: str) -> tuple[int, tuple[int, ...]] | None:
+    """(GPU count, indices) of one node's GRES string, None without GPUs."""
+    gres = [g for g in parse_gres(gres_value) if g.name == "gpu"]
+    if not gres:
+        return None
+    indices = tuple(sorted({i for g in gres for i in g.indices}))
+    if len(indices) > MAX_GRES_INDICES:
+        raise BoundExceeded("too many GPU indices on one node")
+    return sum(g.count for g in gres), indices
+
+
+def _job_allocations(
+    segments: Iterable[tuple[str, str]], budget: HostBudget
+) -> tuple[NodeAlloc, ...]:
+    """NodeAllocs of per-node groups (hostlist, GRES); hostlists bounded by ``budget``."""
+    allocs: list[NodeAlloc] = []
+    for hostlist, gres_value in segments:
+        gpus = _gpu_alloc(gres_value)
+        if gpus is None:
+            continue
+        for node in expand_hostlist(hostlist, budget):
+            allocs.append(NodeAlloc(node=node, gpus=gpus[0], indices=gpus[1]))
+    return tuple(allocs)
+
+
+def _dedupe(jobs: list[JobDetail], result: JobList, seen: Counter | None = None) -> None:
+    """Append ``jobs`` to ``result`` except ids seen more than once (all of those are dropped).
+
+    ``seen`` counts the ids of every record, also of those left out for another reason: a
+    forged record must not pass because the real one of its id was unreadable.
     """
-    jobs: list[JobDetail] = []
-    bad = 0
-    for line in text.splitlines():
-        line = line.strip()
+    seen = seen if seen is not None else Counter(j.job_id for j in jobs)
+    for job in jobs:
+        if seen[job.job_id] > 1:
+            result.rejected["duplicate"] += 1
+        else:
+            result.append(job)
+
+
+def parse_scontrol_jobs(text: str) -> tuple[JobList, int]:
+    """Parse ``scontrol show job -d -o`` (see the layout above); bad = records left out.
+
+    A per-node group is ``Nodes=<hostlist> CPU_IDs=... Mem=... GRES=<gres>``; its hostlist
+    may name several nodes that share the same CPU ids and GRES indices. Finished jobs keep
+    their groups with an empty ``GRES=``. Only RUNNING jobs get their GPUs read.
+    """
+    result = JobList(source="text")
+    budget = HostBudget()
+    parsed: list[JobDetail] = []
+    starts: Counter = Counter()  # job ids of all lines that start a record
+    # "\n" only: scontrol ends records with it; str.splitlines would also split on
+    # characters (\x1c, \u2028, ...) that a job name may contain.
+    for raw in text.split("\n"):
+        line = raw.rstrip(" \r")
         if not line or line.startswith("No jobs in the system"):
             continue
-        pairs = split_scontrol_record(line)
-        if not pairs or pairs[0][0] != "JobId":
-            bad += 1
+        start = _JOB_START_RE.match(line)
+        if start is None:
+            result.rejected["malformed"] += 1
             continue
-        first: dict[str, str] = {}
-        allocs: list[NodeAlloc] = []
+        starts[start.group(1)] += 1
+        heads = []
+        pos = line.find(_HEAD_START, start.end() - 1)
+        while pos >= 0:
+            head = _scan_head(line, pos + 1)
+            if head is not None:
+                heads.append(head)
+                if len(heads) > 1:
+                    break
+            pos = line.find(_HEAD_START, pos + 1)
+        if len(heads) != 1:
+            result.rejected["ambiguous" if heads else "malformed"] += 1
+            continue
+        fields = heads[0].fields
+        job_id = start.group(1)
+        state = fields["JobState"].upper()
         try:
-            for i, (key, value) in enumerate(pairs):
-                first.setdefault(key, value)
-                if key != "Nodes" or i + 1 >= len(pairs) or pairs[i + 1][0] != "CPU_IDs":
-                    continue
-                gres_value = ""
-                for k2, v2 in pairs[i + 1 : i + 5]:
-                    if k2 == "Nodes":
-                        break
-                    if k2 == "GRES":
-                        gres_value = v2
-                        break
-                gres = [g for g in parse_gres(gres_value) if g.name == "gpu"]
-                if not gres:
-                    continue
-                count = sum(g.count for g in gres)
-                indices = tuple(sorted({i for g in gres for i in g.indices}))
-                for node in expand_hostlist(value):
-                    allocs.append(NodeAlloc(node=node, gpus=count, indices=indices))
+            allocs = _job_allocations(heads[0].segments, budget) if state == "RUNNING" else ()
+        except BoundExceeded:
+            result.rejected["bounds"] += 1
+            continue
         except ValueError:
-            bad += 1
+            result.rejected["malformed"] += 1
             continue
-        job_id = first.get("JobId", "")
-        if not job_id.isdigit():
-            bad += 1
-            continue
-        array_id = first.get("ArrayJobId")
-        jobs.append(
+        account = fields["Account"]
+        array_id = start.group(2)
+        parsed.append(
             JobDetail(
                 job_id=job_id,
-                state=first.get("JobState", "").upper(),
-                user=_user_name(first.get("UserId", "")),
-                account="" if first.get("Account", "") in MISSING else first["Account"],
-                partition=first.get("Partition", ""),
+                state=state,
+                user=_user_name(fields["UserId"]),
+                account="" if account in MISSING else account,
+                partition=fields["Partition"],
                 array_job_id=array_id if array_id and array_id != job_id else None,
-                allocations=tuple(allocs),
+                allocations=allocs,
             )
         )
-    return jobs, bad
+    _dedupe(parsed, result, starts)
+    return result, sum(result.rejected.values())
+
+
+# --- scontrol show job -d --json (data_parser) --------------------------------------------
+#
+# Read tolerantly across schema versions: v0.0.38 (22.05 squeue --json) prints plain numbers
+# and job_state "RUNNING"; v0.0.40+ print {"set", "infinite", "number"} and job_state
+# ["RUNNING", <flags>]. gres_detail holds one GRES string per allocated node: the node is
+# job_resources.nodes.allocation[i].name (v0.0.42, 24.11), else the i-th host of the job's
+# hostlist (scontrol pairs them that way when it prints the text form).
+
+# job_state flags that scontrol's text form prints instead of the base state, in its order.
+_JSON_STATE_FLAGS = ("COMPLETING", "CONFIGURING", "STOPPED", "SIGNALING")
+
+
+def _json_number(value: object) -> int | None:
+    if isinstance(value, dict):
+        if not value.get("set", True) or value.get("infinite"):
+            return None
+        value = value.get("number")
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value
+
+
+def _json_text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _json_state(value: object) -> str:
+    if isinstance(value, str):
+        return value.upper()
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        states = [v.upper() for v in value]
+        return next((f for f in _JSON_STATE_FLAGS if f in states), states[0])
+    raise ValueError("job_state is neither a string nor a list of strings")
+
+
+def _json_hosts(job: Mapping, budget: HostBudget) -> list[str]:
+    """The job's allocated nodes in gres_detail order.
+
+    v0.0.42 lists them as job_resources.nodes.allocation[i].name; older schemas give a
+    hostlist (job_resources.nodes, else nodes), expanded in order.
+    """
+    resources = job.get("job_resources")
+    nodes = resources.get("nodes") if isinstance(resources, dict) else None
+    allocation = nodes.get("allocation") if isinstance(nodes, dict) else None
+    if isinstance(allocation, list) and allocation:
+        if len(allocation) > MAX_HOSTS_PER_EXPRESSION:
+            raise BoundExceeded("job_resources.nodes.allocation beyond the hostlist bound")
+        names = [a.get("name") if isinstance(a, dict) else None for a in allocation]
+        if not all(isinstance(n, str) and n for n in names):
+            raise ValueError("job_resources.nodes.allocation without node names")
+        budget.take(len(names))
+        return names  # type: ignore[return-value]
+    if isinstance(nodes, dict):
+        nodes = nodes.get("list")
+    hostlist = nodes if isinstance(nodes, str) and nodes else _json_text(job.get("nodes"))
+    return expand_hostlist(hostlist, budget)
+
+
+def _json_job(job: object, budget: HostBudget) -> JobDetail:
+    if not isinstance(job, dict):
+        raise ValueError("a job is not an object")
+    job_id = _json_number(job.get("job_id"))
+    if job_id is None or job_id <= 0:
+        raise ValueError("no job_id")
+    state = _json_state(job.get("job_state"))
+    user = _json_text(job.get("user_name"))
+    if not user:
+        uid = _json_number(job.get("user_id"))
+        user = str(uid) if uid is not None else ""
+    allocs: tuple[NodeAlloc, ...] = ()
+    detail = job.get("gres_detail")
+    if state == "RUNNING" and detail:
+        if not isinstance(detail, list) or not all(isinstance(d, str) for d in detail):
+            raise ValueError("gres_detail is not a list of strings")
+        if len(detail) > MAX_HOSTS_PER_EXPRESSION:
+            raise BoundExceeded("gres_detail longer than the hostlist bound")
+        hosts = _json_hosts(job, budget)
+        found = []
+        for i, gres_value in enumerate(detail[: len(hosts)]):
+            gpus = _gpu_alloc(gres_value)
+            if gpus is not None:
+                found.append(NodeAlloc(node=hosts[i], gpus=gpus[0], indices=gpus[1]))
+        allocs = tuple(found)
+    account = _json_text(job.get("account"))
+    array_id = _json_number(job.get("array_job_id"))
+    return JobDetail(
+        job_id=str(job_id),
+        state=state,
+        user=user,
+        account="" if account in MISSING else account,
+        partition=_json_text(job.get("partition")),
+        array_job_id=str(array_id) if array_id and array_id != job_id else None,
+        allocations=allocs,
+    )
+
+
+def parse_scontrol_jobs_json(text: str) -> tuple[JobList, int]:
+    """Parse ``scontrol show job -d --json``; bad = jobs left out (or 1 for unusable output)."""
+    result = JobList(source="json")
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        result.rejected["malformed"] += 1
+        return result, 1
+    jobs = doc.get("jobs") if isinstance(doc, dict) else None
+    if not isinstance(jobs, list):
+        result.rejected["malformed"] += 1
+        return result, 1
+    budget = HostBudget()
+    parsed: list[JobDetail] = []
+    for job in jobs:
+        try:
+            parsed.append(_json_job(job, budget))
+        except BoundExceeded:
+            result.rejected["bounds"] += 1
+        except (ValueError, TypeError, AttributeError):
+            result.rejected["malformed"] += 1
+    _dedupe(parsed, result)
+    return result, sum(result.rejected.values())
+
+
+def verify_jobs(jobs: JobList, queue: list[QueueRow] | None) -> tuple[list[JobDetail], Counter]:
+    """The jobs whose GPUs may be exported, and why others were left out (this snapshot).
+
+    JSON records are taken as they are. A text record with GPUs is kept only if squeue lists
+    its job id as alive (not in a terminal state) for the same user: a forged record (a line
+    break in free text) names a job id squeue does not have, or one that is then a duplicate.
+    """
+    rejected: Counter = Counter()
+    if jobs.source != "text":
+        return list(jobs), rejected
+    alive = {row.job_id: row.user for row in (queue or ()) if row.state not in TERMINAL_STATES}
+    kept = []
+    for job in jobs:
+        if job.allocations:
+            user = alive.get(job.job_id)
+            if user is None:
+                rejected["not_in_squeue"] += 1
+                continue
+            if user != job.user:
+                rejected["user_mismatch"] += 1
+                continue
+        kept.append(job)
+    return kept, rejected
 
 
 _SDIAG_TOP = {
@@ -653,6 +1059,7 @@ PARSERS: dict[str, Callable[[str], tuple[object, int]]] = {
     "sinfo_nodes": parse_sinfo_nodes,
     "squeue": parse_squeue,
     "scontrol_jobs": parse_scontrol_jobs,
+    "scontrol_jobs_json": parse_scontrol_jobs_json,
     "sdiag": parse_sdiag,
     "sshare": parse_sshare,
 }
@@ -918,15 +1325,24 @@ def add_queue_metrics(reg: Registry, rows: list[QueueRow]) -> None:
     reg.gauge("slurm_jobs_cores_pending", "Total CPUs requested by pending jobs", cores_pending)
 
 
-def add_job_gpu_metrics(reg: Registry, jobs: list[JobDetail], max_series: int) -> int:
-    """Per running job per node GPU series, capped. Returns the number of (job, node) dropped."""
+def add_job_gpu_metrics(
+    reg: Registry,
+    jobs: list[JobDetail],
+    max_series: int,
+    max_index_series: int = DEFAULT_MAX_GPU_INDEX_SERIES,
+) -> tuple[int, int]:
+    """Per running job per node GPU series, capped.
+
+    Returns (job, node) pairs dropped by ``max_series`` and GPU index series dropped by
+    ``max_index_series`` (those of dropped pairs are not counted again).
+    """
     running = [j for j in jobs if j.state == "RUNNING" and j.allocations]
     running.sort(key=lambda j: (int(j.job_id), j.job_id))
     alloc_fam = reg.family("slurm_job_gpus_allocated", "GPUs allocated to a running job on a node")
     index_fam = reg.family(
         "slurm_job_gpu_index_info", "GPU index (Slurm gres.conf order) held by a job; always 1"
     )
-    emitted = dropped = 0
+    emitted = dropped = index_emitted = index_dropped = 0
     for job in running:
         reg.family("slurm_account_gpus_running", "Running GPUs for account").add(
             job.gpus, account=job.account
@@ -946,9 +1362,16 @@ def add_job_gpu_metrics(reg: Registry, jobs: list[JobDetail], max_series: int) -
                 node=alloc.node,
             )
             for idx in alloc.indices:
+                if index_emitted >= max_index_series:
+                    index_dropped += 1
+                    continue
+                index_emitted += 1
                 index_fam.set(1, job_id=job.job_id, node=alloc.node, gpu=str(idx))
     reg.gauge("slurm_exporter_job_series", "Running (job, node) pairs exported", emitted)
-    return dropped
+    reg.gauge(
+        "slurm_exporter_gpu_index_series", "slurm_job_gpu_index_info series exported", index_emitted
+    )
+    return dropped, index_dropped
 
 
 def add_sdiag_metrics(reg: Registry, sd: Sdiag) -> None:
@@ -1048,8 +1471,13 @@ def build_families(
     dropped_total: int,
     last_collect: float | None,
     collect_duration: float,
-) -> tuple[list[Family], int]:
-    """All families for one snapshot. Returns (families, dropped series in this snapshot)."""
+    max_gpu_index_series: int = DEFAULT_MAX_GPU_INDEX_SERIES,
+    index_dropped_total: int = 0,
+) -> tuple[list[Family], int, int]:
+    """All families for one snapshot.
+
+    Returns (families, (job, node) pairs dropped, GPU index series dropped in this snapshot).
+    """
     reg = Registry()
 
     def fresh(name: str) -> object:
@@ -1074,10 +1502,27 @@ def build_families(
     queue = fresh("squeue")
     if isinstance(queue, list):
         add_queue_metrics(reg, queue)
-    dropped = 0
+    dropped = index_dropped = 0
     jobs = fresh("scontrol_jobs")
-    if isinstance(jobs, list):
-        dropped = add_job_gpu_metrics(reg, jobs, max_job_series)
+    if isinstance(jobs, JobList):
+        kept, rejected = verify_jobs(jobs, queue if isinstance(queue, list) else None)
+        dropped, index_dropped = add_job_gpu_metrics(
+            reg, kept, max_job_series, max_gpu_index_series
+        )
+        reg.gauge(
+            "slurm_exporter_job_source_info",
+            "How job records were read (text: scontrol -o, json: scontrol --json); always 1",
+            1,
+            source=jobs.source,
+        )
+        rejected.update(jobs.rejected)
+        for reason in REJECT_REASONS:
+            reg.gauge(
+                "slurm_exporter_job_records_rejected",
+                "Job records of the last collection left out of the per-job series, by reason",
+                rejected[reason],
+                reason=reason,
+            )
     sd = fresh("sdiag")
     if isinstance(sd, Sdiag):
         add_sdiag_metrics(reg, sd)
@@ -1121,6 +1566,11 @@ def build_families(
         "Per-job (job, node) series not exported because of --max-job-series",
         "counter",
     ).set(dropped_total + dropped)
+    reg.family(
+        "slurm_exporter_gpu_index_series_dropped_total",
+        "slurm_job_gpu_index_info series not exported because of --max-gpu-index-series",
+        "counter",
+    ).set(index_dropped_total + index_dropped)
     if last_collect is not None:
         reg.gauge(
             "slurm_exporter_last_collect_timestamp_seconds",
@@ -1132,7 +1582,7 @@ def build_families(
         "Wall time of the last collection",
         round(collect_duration, 6),
     )
-    return list(reg.families.values()), dropped
+    return list(reg.families.values()), dropped, index_dropped
 
 
 # ---------------------------------------------------------------------------------------
@@ -1193,32 +1643,51 @@ def run_command(
 Runner = Callable[[list[str], float], CommandResult]
 
 
+def slurm_version_tuple(version: object) -> tuple[int, int] | None:
+    """``24.11.5`` -> (24, 11); None when unknown."""
+    m = re.match(r"([0-9]{1,4})\.([0-9]{1,2})", version) if isinstance(version, str) else None
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
 class Collector:
     """Runs the Slurm commands concurrently and keeps the latest exposition snapshot."""
 
     def __init__(
         self,
         command_timeout: float = 10.0,
-        max_job_series: int = 5000,
+        max_job_series: int = DEFAULT_MAX_JOB_SERIES,
         max_stale: float = 300.0,
         bin_dir: str | None = None,
         runner: Runner | None = None,
         commands: Mapping[str, list[str]] | None = None,
+        job_source: str = "auto",
+        max_gpu_index_series: int = DEFAULT_MAX_GPU_INDEX_SERIES,
     ) -> None:
+        if job_source not in JOB_SOURCES:
+            raise ValueError(f"job source must be one of {JOB_SOURCES}")
         self.command_timeout = command_timeout
         self.max_job_series = max_job_series
+        self.max_gpu_index_series = max_gpu_index_series
         self.max_stale = max_stale
+        self.job_source = job_source
         self.commands = dict(commands or COMMANDS)
+        json_command = list(JOB_JSON_COMMAND)
         if bin_dir:
             self.commands = {
                 k: [os.path.join(bin_dir, v[0]), *v[1:]] for k, v in self.commands.items()
             }
+            json_command[0] = os.path.join(bin_dir, json_command[0])
+        self.job_commands = {"text": self.commands.get("scontrol_jobs", []), "json": json_command}
+        # auto: set once `scontrol --json` failed where the text form worked (no data_parser
+        # plugin, an unknown schema): the text form is used from then on.
+        self.json_failed = False
         env = dict(os.environ)
         env["SLURM_TIME_FORMAT"] = "standard"
         self._env = env
         self.runner: Runner = runner or (lambda argv, t: run_command(argv, t, self._env))
         self.status: dict[str, CommandStatus] = {k: CommandStatus() for k in self.commands}
         self.dropped_total = 0
+        self.index_dropped_total = 0
         self.last_collect: float | None = None
         self.collect_duration = 0.0
         self._lock = threading.Lock()
@@ -1226,46 +1695,88 @@ class Collector:
             build_families(self.status, time.time(), max_stale, max_job_series, 0, None, 0.0)[0]
         ).encode()
 
-    def _run_one(self, name: str) -> None:
-        argv = self.commands[name]
-        st = self.status[name]
+    def job_source_now(self) -> str:
+        """The job source of the next collection: json or text."""
+        if self.job_source != "auto":
+            return self.job_source
+        if self.json_failed:
+            return "text"
+        st = self.status.get("sinfo_version")
+        version = slurm_version_tuple(st.result if st is not None else None)
+        return "json" if version is not None and version >= JSON_MIN_VERSION else "text"
+
+    def _attempt(
+        self, name: str, argv: list[str], parser: str
+    ) -> tuple[CommandResult, object, int]:
+        """Run and parse one command: (result with its error, parsed value, bad lines)."""
         try:
             res = self.runner(argv, self.command_timeout)
         except Exception:  # the runner must never take the exporter down
             LOG.exception("running %s failed", name)
             res = CommandResult("", 0.0, "exec_error")
+        if res.error is not None:
+            return res, None, 0
+        try:
+            result, bad = PARSERS[parser](res.stdout)
+        except Exception:
+            LOG.exception("parsing %s output failed", name)
+            return CommandResult("", res.duration, "parse"), None, 0
+        unusable = (
+            result.unusable
+            if isinstance(result, JobList)
+            else bool(bad) and isinstance(result, list) and not result  # no usable line
+        )
+        if unusable or (result is None and name == "sinfo_version"):
+            return CommandResult("", res.duration, "parse"), result, bad
+        return res, result, bad
+
+    def _run_one(self, name: str) -> None:
+        st = self.status[name]
+        if name == "scontrol_jobs":
+            source = self.job_source_now()
+            parser = "scontrol_jobs_json" if source == "json" else "scontrol_jobs"
+            res, result, bad = self._attempt(name, self.job_commands[source], parser)
+            if (
+                res.error in ("exit_code", "parse")
+                and source == "json"
+                and self.job_source == "auto"
+            ):
+                text = self._attempt(name, self.job_commands["text"], "scontrol_jobs")
+                if text[0].error is None:
+                    LOG.warning(
+                        "scontrol --json failed (%s), the text form worked: using it from now on",
+                        res.error,
+                    )
+                    self.json_failed = True
+                    bad += text[2]
+                    res, result = text[0], text[1]
+        else:
+            res, result, bad = self._attempt(name, self.commands[name], name)
         st.duration = res.duration
-        error = res.error
-        result: object = None
-        if error is None:
-            try:
-                result, bad = PARSERS[name](res.stdout)
-            except Exception:
-                LOG.exception("parsing %s output failed", name)
-                result, bad, error = None, 0, "parse"
-            else:
-                st.parse_errors += bad
-                if bad and isinstance(result, list) and not result:
-                    error = "parse"  # output present but not one usable line
-                elif result is None and name == "sinfo_version":
-                    error = "parse"
-        if error is None:
+        st.parse_errors += bad
+        if res.error is None:
             st.success = True
             st.last_success = time.time()
             st.result = result
         else:
             st.success = False
-            st.errors[error] = st.errors.get(error, 0) + 1
+            st.errors[res.error] = st.errors.get(res.error, 0) + 1
 
     def collect(self) -> bytes:
         """One collection cycle; returns (and stores) the new snapshot. Never raises."""
         start = time.monotonic()
-        with ThreadPoolExecutor(max_workers=len(self.commands)) as pool:
-            list(pool.map(self._run_one, self.commands))
+        names = list(self.commands)
+        version = self.status.get("sinfo_version")
+        if self.job_source == "auto" and version is not None and version.result is None:
+            # The job source depends on the Slurm version: learn it first, once.
+            self._run_one("sinfo_version")
+            names.remove("sinfo_version")
+        with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+            list(pool.map(self._run_one, names))
         self.collect_duration = time.monotonic() - start
         self.last_collect = time.time()
         try:
-            families, dropped = build_families(
+            families, dropped, index_dropped = build_families(
                 self.status,
                 self.last_collect,
                 self.max_stale,
@@ -1273,8 +1784,11 @@ class Collector:
                 self.dropped_total,
                 self.last_collect,
                 self.collect_duration,
+                self.max_gpu_index_series,
+                self.index_dropped_total,
             )
             self.dropped_total += dropped
+            self.index_dropped_total += index_dropped
             body = render(families).encode()
         except Exception:
             LOG.exception("building metrics failed")
@@ -1303,7 +1817,16 @@ CLIENT_AUTH_TYPES = {
     "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
-TLS_HANDSHAKE_TIMEOUT = 10.0
+# The HTTP server: a connection gets --web-read-timeout seconds in all for its TLS handshake,
+# request line and headers, then WEB_WRITE_TIMEOUT for the response. At most
+# --web-max-connections are open; when all are taken, a new connection replaces the oldest
+# one still waiting for its request, so idle connections never lock a scrape out.
+WEB_MAX_CONNECTIONS = 64
+WEB_READ_TIMEOUT = 5.0
+WEB_WRITE_TIMEOUT = 10.0
+MAX_REQUEST_HEAD = 16384  # bytes of request line and headers
+BCRYPT_MAX_PASSWORD = 72  # bytes; bcrypt >= 5 refuses longer passwords
+_POLL_SLICE = 0.25  # seconds a waiting connection thread sleeps between checks
 
 
 class WebConfigError(ValueError):
@@ -1467,16 +1990,43 @@ def bcrypt_module():
     return bcrypt
 
 
+_BCRYPT_COST_RE = re.compile(r"^\$2[abxy]?\$([0-9]{2})\$")
+
+
 class Authenticator:
     """Basic auth against bcrypt hashes, remembering credentials it already verified.
 
     bcrypt is deliberately slow (tens of milliseconds); Prometheus sends the same
     credentials with every scrape, so a verified (user, hash, password digest) is kept.
+    An unknown user is checked against a dummy hash of the same cost, so the answer takes
+    as long as for a known user and does not tell which user names exist. A password
+    longer than bcrypt's 72 bytes is refused without a check (it cannot match; bcrypt >= 5
+    raises on it).
     """
 
     def __init__(self) -> None:
         self._verified: set[tuple[str, str, bytes]] = set()
+        self._dummies: dict[int, bytes] = {}
         self._lock = threading.Lock()
+
+    def _dummy_hash(self, users: Mapping[str, str]) -> bytes:
+        """A hash of a random secret with the highest cost among ``users``' hashes."""
+        costs = [int(m.group(1)) for m in map(_BCRYPT_COST_RE.match, users.values()) if m]
+        rounds = min(max(max(costs, default=10), 4), 31)
+        with self._lock:
+            dummy = self._dummies.get(rounds)
+        if dummy is None:
+            dummy = bcrypt_module().hashpw(os.urandom(16), bcrypt_module().gensalt(rounds))
+            with self._lock:
+                self._dummies[rounds] = dummy
+        return dummy
+
+    @staticmethod
+    def _checkpw(password: bytes, hashed: bytes) -> bool:
+        try:
+            return bool(bcrypt_module().checkpw(password, hashed))
+        except ValueError:  # a malformed hash, a NUL byte: not a match
+            return False
 
     def allowed(self, header: str | None, users: Mapping[str, str]) -> bool:
         if not users:
@@ -1487,16 +2037,20 @@ class Authenticator:
             user, sep, password = (
                 base64.b64decode(header[6:], validate=True).decode().partition(":")
             )
-        except (binascii.Error, UnicodeDecodeError):
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            return False
+        secret = password.encode()
+        if len(secret) > BCRYPT_MAX_PASSWORD:
             return False
         hashed = users.get(user) if sep else None
         if hashed is None:
+            self._checkpw(secret, self._dummy_hash(users))  # same time as a known user
             return False
-        key = (user, hashed, hashlib.sha256(password.encode()).digest())
+        key = (user, hashed, hashlib.sha256(secret).digest())
         with self._lock:
             if key in self._verified:
                 return True
-        if not bcrypt_module().checkpw(password.encode(), hashed.encode()):
+        if not self._checkpw(secret, hashed.encode()):
             return False
         with self._lock:
             if len(self._verified) > 1000:
@@ -1505,11 +2059,124 @@ class Authenticator:
         return True
 
 
+def _request_head_end(buf: bytes) -> int:
+    """Length of a complete request line + headers at the start of ``buf``, else 0."""
+    ends = [i + n for i, n in ((buf.find(b"\r\n\r\n"), 4), (buf.find(b"\n\n"), 2)) if i >= 0]
+    return min(ends) if ends else 0
+
+
+class _Conn:
+    """One accepted connection: its socket (non-blocking), deadline and phase.
+
+    Every wait is sliced (_POLL_SLICE) so that the deadline and an eviction by the
+    accepting thread take effect within a fraction of a second.
+    """
+
+    def __init__(self, sock: socket.socket, address: tuple, deadline: float) -> None:
+        self.sock = sock
+        self.address = address
+        self.accepted = time.monotonic()
+        self.deadline = deadline
+        self.phase = "read"  # "read": handshake/request head; "write": answering
+        self.evicted = False
+        self.head = b""
+
+    def evict(self) -> None:
+        """Called by the accepting thread: end this connection as soon as possible."""
+        self.evicted = True
+        with contextlib.suppress(OSError):  # wakes the connection's thread from its poll
+            socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
+
+    def wait(self, for_write: bool) -> None:
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLOUT if for_write else select.POLLIN)
+        while True:
+            if self.evicted:
+                raise TimeoutError("replaced by a newer connection")
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"{self.phase} deadline passed")
+            if poller.poll(int(min(remaining, _POLL_SLICE) * 1000) + 1):
+                return
+
+    def handshake(self, context: ssl.SSLContext) -> None:
+        tls = context.wrap_socket(self.sock, server_side=True, do_handshake_on_connect=False)
+        self.sock = tls
+        while True:
+            try:
+                tls.do_handshake()
+                return
+            except ssl.SSLWantReadError:
+                self.wait(False)
+            except ssl.SSLWantWriteError:
+                self.wait(True)
+
+    def recv(self, size: int) -> bytes:
+        while True:
+            try:
+                return self.sock.recv(size)
+            except ssl.SSLWantReadError:
+                self.wait(False)
+            except ssl.SSLWantWriteError:
+                self.wait(True)
+            except BlockingIOError:
+                self.wait(False)
+
+    def sendall(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                sent = self.sock.send(view)
+            except ssl.SSLWantWriteError:
+                self.wait(True)
+            except ssl.SSLWantReadError:
+                self.wait(False)
+            except BlockingIOError:
+                self.wait(True)
+            else:
+                view = view[sent:]
+
+    def read_head(self) -> bytes | None:
+        """The request line and headers, or None if the peer closed or sent too much."""
+        buf = b""
+        while len(buf) <= MAX_REQUEST_HEAD:
+            chunk = self.recv(4096)
+            if not chunk:
+                return None
+            buf += chunk
+            end = _request_head_end(buf)
+            if end:
+                return buf[:end]
+        return None
+
+
+class _ConnWriter(io.RawIOBase):
+    """``wfile`` of a request: every write goes out within the connection's deadline."""
+
+    def __init__(self, conn: _Conn) -> None:
+        super().__init__()
+        self._conn = conn
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:  # type: ignore[override]
+        self._conn.sendall(bytes(data))
+        return len(data)
+
+
 def make_handler(
     collector: Collector, web: WebConfig, auth: Authenticator
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = f"gpufleet_slurm_exporter/{__version__}"
+
+        def setup(self) -> None:
+            # ``request`` is the _Conn whose request head the server has already read.
+            conn: _Conn = self.request
+            self.connection = conn.sock
+            self.rfile = io.BytesIO(conn.head)
+            self.wfile = _ConnWriter(conn)
 
         def do_GET(self) -> None:
             if not auth.allowed(self.headers.get("Authorization"), web.current().users):
@@ -1549,35 +2216,154 @@ def parse_listen_address(addr: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _fd_limit() -> int | None:
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft > 0 else None
+
+
+class ExporterServer(socketserver.TCPServer):
+    """The HTTP server: one thread per connection, a bounded number of connections.
+
+    The accepting thread only registers a connection; its thread does the TLS handshake and
+    reads the request head within ``read_timeout`` seconds in all (a client that sends
+    nothing, or a byte now and then, is dropped), then answers within ``write_timeout``.
+    When ``max_connections`` are open, a new connection replaces the oldest one still in its
+    read phase; if every open connection is being answered, the new one is closed.
+    """
+
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        web: WebConfig,
+        max_connections: int = WEB_MAX_CONNECTIONS,
+        read_timeout: float = WEB_READ_TIMEOUT,
+        write_timeout: float = WEB_WRITE_TIMEOUT,
+    ) -> None:
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.web = web
+        limit = _fd_limit()
+        if limit is not None and 2 * max_connections + 32 > limit:
+            clamped = max(1, (limit - 32) // 2)
+            LOG.warning(
+                "--web-max-connections %d lowered to %d: the open file limit is %d",
+                max_connections,
+                clamped,
+                limit,
+            )
+            max_connections = clamped
+        self.max_connections = max(1, max_connections)
+        self.read_timeout = read_timeout
+        self.write_timeout = write_timeout
+        self.refused = 0
+        self._conns: set[_Conn] = set()
+        self._conns_lock = threading.Lock()
+        super().__init__(address, handler)
+
+    def open_connections(self) -> int:
+        with self._conns_lock:
+            return len(self._conns)
+
+    def _evict_oldest_reader(self) -> bool:
+        readers = [c for c in self._conns if not c.evicted and c.phase == "read"]
+        if not readers:
+            return False
+        min(readers, key=lambda c: c.accepted).evict()
+        return True
+
+    def get_request(self):
+        try:
+            return super().get_request()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):  # free a descriptor, do not spin
+                with self._conns_lock:
+                    self._evict_oldest_reader()
+                time.sleep(_POLL_SLICE)
+            raise
+
+    def process_request(self, request, client_address) -> None:
+        # Evicted connections end within milliseconds; open descriptors stay below twice
+        # the limit. Should a burst reach that, wait a moment for them instead of refusing.
+        give_up = time.monotonic() + 2 * _POLL_SLICE
+        while True:
+            with self._conns_lock:
+                if len(self._conns) < 2 * self.max_connections or time.monotonic() > give_up:
+                    break
+            time.sleep(0.01)
+        conn = _Conn(request, client_address, time.monotonic() + self.read_timeout)
+        with self._conns_lock:
+            live = sum(1 for c in self._conns if not c.evicted)
+            admit = len(self._conns) < 2 * self.max_connections and (
+                live < self.max_connections or self._evict_oldest_reader()
+            )
+            if admit:
+                self._conns.add(conn)
+        if not admit:
+            self.refused += 1
+            LOG.debug("refused a connection from %s: all busy", client_address[0])
+            self.shutdown_request(request)
+            return
+        try:
+            threading.Thread(target=self._serve, args=(conn,), name="http", daemon=True).start()
+        except RuntimeError as exc:  # no thread to be had: drop this connection
+            LOG.warning("cannot serve %s: %s", client_address[0], exc)
+            with self._conns_lock:
+                self._conns.discard(conn)
+            self.shutdown_request(request)
+
+    def _serve(self, conn: _Conn) -> None:
+        try:
+            conn.sock.setblocking(False)
+            context = self.web.current().tls
+            if context is not None:
+                conn.handshake(context)
+            head = conn.read_head()
+            if head is None:
+                return
+            conn.head = head
+            conn.phase = "write"
+            conn.deadline = time.monotonic() + self.write_timeout
+            self.RequestHandlerClass(conn, conn.address, self)
+        except (OSError, ValueError) as exc:  # timeouts, resets, broken pipes, TLS errors
+            LOG.debug("connection from %s ended: %s", conn.address[0], exc or type(exc).__name__)
+        except Exception as exc:
+            LOG.error("request from %s failed: %r", conn.address[0], exc)
+        finally:
+            with self._conns_lock:
+                self._conns.discard(conn)
+            with contextlib.suppress(OSError):
+                conn.sock.close()
+
+    def handle_error(self, request, client_address) -> None:
+        exc = sys.exc_info()[1]
+        LOG.debug("connection from %s failed: %r", client_address[0], exc)
+
+
 def make_server(
-    addr: str, collector: Collector, web: WebConfig | None = None
-) -> ThreadingHTTPServer:
+    addr: str,
+    collector: Collector,
+    web: WebConfig | None = None,
+    max_connections: int = WEB_MAX_CONNECTIONS,
+    read_timeout: float = WEB_READ_TIMEOUT,
+    write_timeout: float = WEB_WRITE_TIMEOUT,
+) -> ExporterServer:
     host, port = parse_listen_address(addr)
     web = web or WebConfig(None)
-
-    class Server(ThreadingHTTPServer):
-        daemon_threads = True
-        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-
-        def finish_request(self, request, client_address) -> None:
-            # Runs in the connection's own thread: a slow TLS handshake holds up no one else.
-            context = web.current().tls
-            if context is None:
-                super().finish_request(request, client_address)
-                return
-            request.settimeout(TLS_HANDSHAKE_TIMEOUT)
-            try:
-                tls = context.wrap_socket(request, server_side=True)
-            except (OSError, ssl.SSLError) as exc:
-                LOG.debug("TLS handshake with %s failed: %s", client_address[0], exc)
-                return
-            try:
-                tls.settimeout(None)
-                super().finish_request(tls, client_address)
-            finally:
-                tls.close()
-
-    return Server((host, port), make_handler(collector, web, Authenticator()))
+    return ExporterServer(
+        (host, port),
+        make_handler(collector, web, Authenticator()),
+        web,
+        max_connections=max_connections,
+        read_timeout=read_timeout,
+        write_timeout=write_timeout,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1590,8 +2376,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--max-job-series",
         type=int,
-        default=5000,
-        help="cap on exported (running job, node) pairs (default 5000)",
+        default=DEFAULT_MAX_JOB_SERIES,
+        help=f"cap on exported (running job, node) pairs (default {DEFAULT_MAX_JOB_SERIES})",
+    )
+    p.add_argument(
+        "--max-gpu-index-series",
+        type=int,
+        default=DEFAULT_MAX_GPU_INDEX_SERIES,
+        help="cap on exported slurm_job_gpu_index_info series"
+        f" (default {DEFAULT_MAX_GPU_INDEX_SERIES})",
+    )
+    p.add_argument(
+        "--job-source",
+        choices=JOB_SOURCES,
+        default="auto",
+        help="how job records are read: json (scontrol --json), text (scontrol -o), or auto"
+        " (json from Slurm {}.{:02d} on, else text; default auto)".format(*JSON_MIN_VERSION),
     )
     p.add_argument(
         "--max-stale",
@@ -1600,6 +2400,19 @@ def main(argv: list[str] | None = None) -> int:
         help="serve a failed command's last good values this long (default 300 s)",
     )
     p.add_argument("--slurm-bin-dir", default=None, help="directory of the Slurm commands")
+    p.add_argument(
+        "--web-max-connections",
+        type=int,
+        default=WEB_MAX_CONNECTIONS,
+        help=f"open HTTP connections at most (default {WEB_MAX_CONNECTIONS})",
+    )
+    p.add_argument(
+        "--web-read-timeout",
+        type=float,
+        default=WEB_READ_TIMEOUT,
+        help="seconds a connection has for TLS handshake, request line and headers"
+        f" (default {WEB_READ_TIMEOUT:g})",
+    )
     p.add_argument(
         "--web-config-file",
         default=None,
@@ -1630,6 +2443,8 @@ def main(argv: list[str] | None = None) -> int:
         max_job_series=args.max_job_series,
         max_stale=args.max_stale,
         bin_dir=args.slurm_bin_dir,
+        job_source=args.job_source,
+        max_gpu_index_series=args.max_gpu_index_series,
     )
     stop = threading.Event()
     thread = threading.Thread(
@@ -1641,7 +2456,13 @@ def main(argv: list[str] | None = None) -> int:
         LOG.error("web config: %s", exc)
         return 2
     try:
-        server = make_server(args.listen_address, collector, web)
+        server = make_server(
+            args.listen_address,
+            collector,
+            web,
+            max_connections=args.web_max_connections,
+            read_timeout=args.web_read_timeout,
+        )
     except (OSError, ValueError) as exc:
         LOG.error("cannot listen on %s: %s", args.listen_address, exc)
         return 2

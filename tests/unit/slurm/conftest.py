@@ -73,6 +73,45 @@ esac""",
     return bin_dir
 
 
+def runner_for(
+    sources: dict[str, str | Path] | str,
+    fail: dict[str, str] | None = None,
+    texts: dict[str, str] | None = None,
+    calls: list[str] | None = None,
+):
+    """A Collector runner answering each command from captures.
+
+    ``sources`` is a fixture directory name, or {command name: directory or file} with the key
+    "*" as the default. Command names are those of COMMANDS plus "scontrol_jobs_json" for
+    `scontrol show job -d --json` (file scontrol_jobs_json.txt as capture.sh names it, else
+    scontrol_jobs.json). ``texts`` gives a command's output inline, ``fail`` its error
+    instead; ``calls`` collects the names run.
+    """
+    by_argv = {tuple(argv): name for name, argv in exp.COMMANDS.items()}
+    by_argv[tuple(exp.JOB_JSON_COMMAND)] = "scontrol_jobs_json"
+    files = {**FILES, "scontrol_jobs_json": "scontrol_jobs_json.txt"}
+    if isinstance(sources, str):
+        sources = {"*": sources}
+    fail = fail or {}
+    texts = texts or {}
+
+    def run(argv: list[str], timeout: float) -> exp.CommandResult:
+        name = by_argv[tuple(argv)]
+        if calls is not None:
+            calls.append(name)
+        if name in fail:
+            return exp.CommandResult("", 0.01, fail[name])
+        if name in texts:
+            return exp.CommandResult(texts[name], 0.01, None)
+        src = str(sources.get(name, sources.get("*")))
+        path = Path(src) if src.endswith((".txt", ".json")) else FIXTURES / src / files[name]
+        if name == "scontrol_jobs_json" and not path.exists():
+            path = path.with_name("scontrol_jobs.json")
+        return exp.CommandResult(path.read_text(), 0.01, None)
+
+    return run
+
+
 def metric_samples(text: str) -> dict[str, float]:
     """exposition text -> {'name{labels}': value} (labels as rendered)."""
     out: dict[str, float] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import subprocess
@@ -190,3 +191,17 @@ def test_parse_listen_address_rejects_garbage():
 def test_env_pins_time_format():
     c = exp.Collector()
     assert c._env["SLURM_TIME_FORMAT"] == "standard"
+
+
+def test_the_role_unit_passes_only_flags_the_exporter_knows():
+    unit = (EXPORTER.parents[1] / "templates" / "gpufleet-slurm-exporter.service.j2").read_text()
+    flags = set(re.findall(r"(--[a-z][a-z-]+) ", unit))
+    assert {"--job-source", "--max-gpu-index-series", "--web-max-connections"} <= flags
+    usage = subprocess.run(
+        [sys.executable, str(EXPORTER), "--help"], capture_output=True, text=True, timeout=30
+    ).stdout
+    for flag in flags:
+        assert flag in usage, flag
+    defaults = (EXPORTER.parents[1] / "defaults" / "main.yml").read_text()
+    for name in ("job_source", "max_gpu_index_series", "web_max_connections", "web_read_timeout"):
+        assert f"slurm_exporter_{name}:" in defaults

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import FILES, FIXTURES, exp, fixture_text, metric_samples
+from conftest import FILES, FIXTURES, exp, fixture_text, metric_samples, runner_for
 
 
 def fixture_runner(fixture_dir: str, fail: dict[str, str] | None = None):
@@ -138,6 +138,153 @@ def test_job_series_cap():
     assert m["slurm_exporter_job_series_dropped_total"] == 4  # a counter
 
 
+def test_gpu_index_series_are_capped():
+    c = exp.Collector(runner=fixture_runner("22.05"), max_gpu_index_series=4)
+    m = metric_samples(c.collect().decode())
+    idx = [k for k in m if k.startswith("slurm_job_gpu_index_info")]
+    assert len(idx) == 4 and m["slurm_exporter_gpu_index_series"] == 4
+    assert m["slurm_exporter_gpu_index_series_dropped_total"] == 2  # 6 held
+    assert m["slurm_exporter_job_series"] == 4  # the (job, node) pairs are all there
+    m = metric_samples(c.collect().decode())
+    assert m["slurm_exporter_gpu_index_series_dropped_total"] == 4  # a counter
+
+
+def test_one_job_cannot_flood_index_series():
+    """The reported case: GRES=gpu:1(IDX:0-99999) made 100,006 index series."""
+    text = fixture_text("22.05", "scontrol_jobs.txt").replace(
+        "GRES=gpu:a100:2(IDX:0-1)", "GRES=gpu:1(IDX:0-99999)"
+    )
+    c = exp.Collector(runner=runner_for("22.05", texts={"scontrol_jobs": text}))
+    body = c.collect().decode()
+    m = metric_samples(body)
+    assert len(body.splitlines()) < 1000
+    assert len([k for k in m if k.startswith("slurm_job_gpu_index_info")]) == 4  # jobs 6, 7
+    assert m['slurm_exporter_job_records_rejected{reason="bounds"}'] == 1
+    assert m['slurm_exporter_parse_errors_total{command="scontrol_jobs"}'] == 1
+    assert m['slurm_exporter_command_success{command="scontrol_jobs"}'] == 1
+
+    # Many jobs with valid indices: the cap holds and the rest is counted.
+    line = next(
+        x for x in fixture_text("22.05", "scontrol_jobs.txt").splitlines() if "IDX:1-2" in x
+    )
+    many = "\n".join(
+        line.replace("JobId=7 ", f"JobId={n} ")
+        .replace("IDX:1-2", "IDX:0-7")
+        .replace("gpu:a100:2(", "gpu:a100:8(")
+        for n in range(1000, 1200)
+    )
+    queue = "".join(f"{n}|{n}|RUNNING|gpu|slurm|chem|1|1|None\n" for n in range(1000, 1200))
+    run = runner_for("22.05", texts={"scontrol_jobs": many, "squeue": queue})
+    m = metric_samples(exp.Collector(runner=run, max_gpu_index_series=100).collect().decode())
+    assert m["slurm_exporter_gpu_index_series"] == 100
+    assert m["slurm_exporter_gpu_index_series_dropped_total"] == 200 * 8 - 100
+
+
+def test_forged_text_records_are_not_exported():
+    base = fixture_text("22.05", "scontrol_jobs.txt")
+    line = next(x for x in base.splitlines() if x.startswith("JobId=7 "))
+    forged = line.replace("JobId=7 ", "JobId=4242 ").replace("Nodes=vm", "Nodes=gpu09")
+    text = base.replace(
+        "StdOut=/tmp/slurmtest/jobs/slurm-7.out", "StdOut=/x\n" + forged.rstrip(), 1
+    )
+    m = metric_samples(
+        exp.Collector(runner=runner_for("22.05", texts={"scontrol_jobs": text})).collect().decode()
+    )
+    assert not any('node="gpu09"' in k or 'job_id="4242"' in k for k in m)
+    assert m['slurm_exporter_job_records_rejected{reason="not_in_squeue"}'] == 1
+    assert m['slurm_exporter_job_source_info{source="text"}'] == 1
+    assert m["slurm_exporter_job_series"] == 4  # the real jobs are all there
+
+
+def _json_runner(**kw):
+    return runner_for(
+        {"*": "22.05", "scontrol_jobs_json": "synthesized-json"},
+        texts={"sinfo_version": "slurm 24.11.5\n"},
+        **kw,
+    )
+
+
+def test_auto_reads_json_from_2411_on():
+    calls: list[str] = []
+    c = exp.Collector(runner=_json_runner(calls=calls))
+    m = metric_samples(c.collect().decode())
+    assert calls[0] == "sinfo_version"  # the version decides the job source, so it goes first
+    assert "scontrol_jobs_json" in calls and "scontrol_jobs" not in calls
+    assert m['slurm_exporter_job_source_info{source="json"}'] == 1
+    assert m['slurm_info{type="general",version="24.11.5"}'] == 1
+    # The same allocations as the 22.05 text capture (the JSON fixture mirrors it).
+    text = metric_samples(exp.Collector(runner=fixture_runner("22.05")).collect().decode())
+
+    def alloc(x):
+        return {k: v for k, v in x.items() if k.startswith(("slurm_job_", "slurm_user_gpus"))}
+
+    assert alloc(m) == alloc(text) and alloc(m)
+    assert not any('"victim' in k or "gpu09" in k for k in m)
+
+
+def test_auto_falls_back_to_text_when_json_fails():
+    calls: list[str] = []
+    c = exp.Collector(runner=_json_runner(calls=calls, fail={"scontrol_jobs_json": "exit_code"}))
+    m = metric_samples(c.collect().decode())
+    assert m['slurm_exporter_job_source_info{source="text"}'] == 1
+    assert m['slurm_exporter_command_success{command="scontrol_jobs"}'] == 1
+    assert m["slurm_exporter_job_series"] == 4
+    assert c.json_failed
+    calls.clear()
+    c.collect()
+    assert "scontrol_jobs_json" not in calls  # text from now on
+
+
+def test_forced_job_sources():
+    calls: list[str] = []
+    c = exp.Collector(runner=_json_runner(calls=calls), job_source="text")
+    m = metric_samples(c.collect().decode())
+    assert m['slurm_exporter_job_source_info{source="text"}'] == 1 and "scontrol_jobs" in calls
+    c = exp.Collector(runner=_json_runner(), job_source="json")
+    c.status["sinfo_version"].result = None
+    m = metric_samples(c.collect().decode())
+    assert m['slurm_exporter_job_source_info{source="json"}'] == 1
+    # Forced json does not fall back: a failure is a failure.
+    c = exp.Collector(
+        runner=_json_runner(fail={"scontrol_jobs_json": "exit_code"}), job_source="json"
+    )
+    m = metric_samples(c.collect().decode())
+    assert m['slurm_exporter_command_errors_total{command="scontrol_jobs",reason="exit_code"}'] == 1
+    with pytest.raises(ValueError):
+        exp.Collector(job_source="yaml")
+
+
+def test_2411_captures_auto_json_and_forced_text_agree():
+    """Real 24.11: job 4 is bob's with a job name, work dir and comment faking alice's and gpu09."""
+    calls: list[str] = []
+    auto = metric_samples(exp.Collector(runner=runner_for("24.11", calls=calls)).collect().decode())
+    assert "scontrol_jobs_json" in calls
+    text = metric_samples(
+        exp.Collector(runner=runner_for("24.11"), job_source="text").collect().decode()
+    )
+    assert auto['slurm_exporter_job_source_info{source="json"}'] == 1
+    assert text['slurm_exporter_job_source_info{source="text"}'] == 1
+
+    def per_job(m):
+        return {k: v for k, v in m.items() if k.startswith(("slurm_job_", "slurm_user_gpus"))}
+
+    assert per_job(auto) == per_job(text)
+    job = (
+        'slurm_job_gpus_allocated{account="chem",job_id="4",node="gpufleet-slurm-gpu1",'
+        'partition="gpu",user="bob"}'
+    )
+    assert auto[job] == 1
+    assert auto['slurm_job_gpu_index_info{gpu="3",job_id="4",node="gpufleet-slurm-gpu1"}'] == 1
+    assert auto['slurm_user_gpus_running{user="alice"}'] == 2
+    assert auto['slurm_user_gpus_running{user="bob"}'] == 3
+    assert not any("gpu09" in k or "gpu9" in k for k in auto)
+    assert not any('partition="debug"' in k for k in per_job(auto))
+    assert (
+        sum(v for k, v in auto.items() if k.startswith("slurm_job_gpus_allocated"))
+        == (auto["slurm_gpus_alloc"])
+    )
+
+
 def test_sdiag_and_sshare_metrics():
     m = collect()
     assert m["slurm_scheduler_last_cycle"] == 94
@@ -148,12 +295,17 @@ def test_sdiag_and_sshare_metrics():
     assert not any(k.startswith("slurm_account_fairshare") for k in m)  # 22.05: no slurmdbd
 
 
-def test_fairshare_metrics_synthesized():
-    def run(argv, timeout):
-        name = {tuple(v): k for k, v in exp.COMMANDS.items()}[tuple(argv)]
-        src = "synthesized" if name in ("sshare", "sinfo_nodes", "scontrol_jobs") else "22.05"
-        return exp.CommandResult(fixture_text(src, FILES[name]), 0.0, None)
+# squeue lines for the synthesized scontrol records (text records need squeue to agree).
+SYNTHESIZED_SQUEUE = (
+    "840392|840392|RUNNING|gpu|alice|ml_lab|32|2|None\n"
+    "840400|840399_1|RUNNING|gpu|bob|hpc_team|2|1|None\n"
+    "840401|840401|RUNNING|mig|4294967294|(null)|1|1|None\n"
+)
 
+
+def test_fairshare_metrics_synthesized():
+    sources = {n: "synthesized" for n in ("sshare", "sinfo_nodes", "scontrol_jobs")}
+    run = runner_for({"*": "22.05", **sources}, texts={"squeue": SYNTHESIZED_SQUEUE})
     m = metric_samples(exp.Collector(runner=run).collect().decode())
     assert m['slurm_account_fairshare{account="account_a"}'] == 0.6
     assert m['slurm_user_fairshare{account="account_a",user="user2"}'] == 0.8
@@ -238,15 +390,13 @@ COMPAT_TOTAL_GAUGES = {
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
-@pytest.mark.parametrize("fixture_dir", ["22.05", "22.05-after", "synthesized"])
+@pytest.mark.parametrize("fixture_dir", ["22.05", "22.05-after", "synthesized", "24.11"])
 def test_promtool_check_metrics(fixture_dir):
-    def run(argv, timeout):
-        name = {tuple(v): k for k, v in exp.COMMANDS.items()}[tuple(argv)]
-        path = FIXTURES / fixture_dir / FILES[name]
-        if not path.exists():
-            path = FIXTURES / "22.05" / FILES[name]
-        return exp.CommandResult(path.read_text(), 0.0, None)
-
+    sources = {
+        name: fixture_dir if (FIXTURES / fixture_dir / file).exists() else "22.05"
+        for name, file in FILES.items()
+    }
+    run = runner_for({**sources, "scontrol_jobs_json": fixture_dir})
     body = exp.Collector(runner=run).collect()
     proc = subprocess.run(
         ["promtool", "check", "metrics"], input=body, capture_output=True, timeout=60

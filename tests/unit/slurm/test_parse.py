@@ -70,14 +70,51 @@ def test_expand_hostlist(text, hosts):
     assert exp.expand_hostlist(text) == hosts
 
 
-def test_split_scontrol_record_keeps_spaces_and_repeats():
-    pairs = exp.split_scontrol_record(
-        "NodeName=a Reason=XID 79: GPU fell off the bus [root@2026-01-01T00:00:00] "
+@pytest.mark.parametrize(
+    "text", ["vm[", "vm]", "vm[1-x]", "vm[3-1]", "vm[]", "vm[[1]]", "n[1234567890]", "n[-1]"]
+)
+def test_expand_hostlist_rejects_malformed(text):
+    with pytest.raises(ValueError):
+        exp.expand_hostlist(text)
+
+
+def test_hostlist_size_is_checked_before_anything_is_expanded():
+    # 10**10 hosts: refused from the bracket sizes alone (the old parser used > 4 GB here).
+    with pytest.raises(exp.BoundExceeded):
+        exp.expand_hostlist("a[0-99999]b[0-99999]")
+    with pytest.raises(exp.BoundExceeded):
+        exp.expand_hostlist(f"n[0-{exp.MAX_HOSTS_PER_EXPRESSION}]")  # one more than allowed
+    assert len(exp.expand_hostlist(f"n[1-{exp.MAX_HOSTS_PER_EXPRESSION}]")) == (
+        exp.MAX_HOSTS_PER_EXPRESSION
     )
-    assert pairs == [
-        ("NodeName", "a"),
-        ("Reason", "XID 79: GPU fell off the bus [root@2026-01-01T00:00:00]"),
-    ]
+    # The per-collection budget is shared by all expressions of one command output.
+    budget = exp.HostBudget(5)
+    assert exp.expand_hostlist("n[1-3]", budget) == ["n1", "n2", "n3"]
+    with pytest.raises(exp.BoundExceeded):
+        exp.expand_hostlist("m[1-3]", budget)
+    assert exp.expand_hostlist("m[1-2]", budget) == ["m1", "m2"]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "gpu:1(IDX:0-99999)",  # 100000 indices: the reported 100,006-series job
+        f"gpu:2(IDX:0,{exp.MAX_GRES_INDEX + 1})",
+        f"gpu:{exp.MAX_GPU_COUNT + 1}",
+    ],
+)
+def test_parse_gres_bounds(spec):
+    with pytest.raises(exp.BoundExceeded):
+        exp.parse_gres(spec)
+
+
+def test_parse_gres_refuses_numbers_longer_than_nine_digits():
+    with pytest.raises(ValueError):
+        exp.parse_gres("gpu:1(IDX:0-1234567890123)")
+
+
+def test_parse_gres_large_non_gpu_counts_are_fine():
+    assert exp.parse_gres("shard:100000,mps:400")[0].count == 100000
 
 
 # --- sinfo: node states, GRES, drain reasons --------------------------------------------
