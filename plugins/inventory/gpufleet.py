@@ -2,21 +2,36 @@
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 import sys
 
-from ansible.errors import AnsibleParserError
+from ansible.errors import AnsibleError, AnsibleParserError
+from ansible.parsing.dataloader import DataLoader
 from ansible.plugins.inventory import BaseInventoryPlugin, Constructable
 
 try:
     from gpufleet.inventory import build_inventory
-    from gpufleet.nodelist import NodeListError, parse_node_list
+    from gpufleet.limits import check_regular_file
+    from gpufleet.nodelist import (
+        NODE_LIST_SUFFIXES,
+        NodeListError,
+        node_list_load_error,
+        parse_node_list,
+    )
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(
         0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "src")
     )
     from gpufleet.inventory import build_inventory
-    from gpufleet.nodelist import NodeListError, parse_node_list
+    from gpufleet.limits import check_regular_file
+    from gpufleet.nodelist import (
+        NODE_LIST_SUFFIXES,
+        NodeListError,
+        node_list_load_error,
+        parse_node_list,
+    )
 
 DOCUMENTATION = r"""
     name: gpufleet
@@ -32,6 +47,7 @@ DOCUMENTATION = r"""
         - Shards come from weighted rendezvous hashing with a bounded-load correction, so the
           heaviest shard carries at most C(max_imbalance) times the mean expected series.
         - Any invalid input fails the whole source with one line (file, key, problem).
+        - Only files named C(*.gpufleet.yml) or C(*.gpufleet.yaml) are claimed.
         - The contract is documented in docs/inventory.md.
     options:
         plugin:
@@ -107,23 +123,72 @@ compose:
   node_exporter_port: 9100
 """
 
-CONFIG_SUFFIXES = ("gpufleet.yml", "gpufleet.yaml")
+# ansible-core 2.19 marks the strings of a plugin's own config file as trusted templates
+# (compose, groups, keyed_groups need it), as _read_config_data does; 2.18 has no such flag.
+_LOAD_OPTIONS = (
+    {"trusted_as_template": True}
+    if "trusted_as_template" in inspect.signature(DataLoader.load_from_file).parameters
+    else {}
+)
+
+
+class NodeListParserError(AnsibleParserError):
+    """A node list problem, already one line naming file, key path and problem.
+
+    It carries no source context: ansible-core 2.19 would print the message a second time
+    under an "Origin:" block, where the message already names the file and key.
+    """
+
+    @property
+    def _formatted_source_context(self):
+        return None
+
+
+_OPTION_ERROR_RE = re.compile(r"^Config '(?P<key>\w+)' .*? has an invalid value: (?P<problem>.*)$")
+
+
+def option_error(path, err):
+    """Ansible's error for a constructed option (``keyed_groups: 5``) as a NodeListError."""
+    first_line = (str(getattr(err, "message", err)).strip().splitlines() or ["invalid"])[0]
+    match = _OPTION_ERROR_RE.match(first_line)
+    if match:
+        return NodeListError(path, match.group("key"), match.group("problem"))
+    return NodeListError(path, "", first_line)
 
 
 class InventoryModule(BaseInventoryPlugin, Constructable):
     NAME = "gpufleet"
 
     def verify_file(self, path):
-        return super().verify_file(path) and path.endswith(CONFIG_SUFFIXES)
+        return str(path).endswith(NODE_LIST_SUFFIXES) and super().verify_file(path)
 
     def parse(self, inventory, loader, path, cache=True):
         super().parse(inventory, loader, path, cache)
-        config = self._read_config_data(path)
         try:
+            config = self._load_node_list(path)
             plan = build_inventory(parse_node_list(config, path))
         except NodeListError as err:
-            raise AnsibleParserError(str(err)) from err
+            # from None: a chained cause would be printed as a second copy of the message
+            raise NodeListParserError(str(err)) from None
+        # What _read_config_data does after loading: the constructed options (compose, ...),
+        # type-checked by Ansible; a bad one is a one-line error like any other.
+        try:
+            self.set_options(direct=config, var_options=self._vars)
+        except AnsibleError as err:
+            raise NodeListParserError(str(option_error(path, err))) from None
         self._populate(plan)
+
+    def _load_node_list(self, path):
+        """The node list's YAML, through Ansible's loader (vault, trust), after checking
+        that it is a regular file of bounded size (never a FIFO or a device)."""
+        try:
+            check_regular_file(path)
+        except OSError as err:
+            raise NodeListError(path, "", f"cannot read: {err.strerror or err}") from None
+        try:
+            return self.loader.load_from_file(path, cache="none", **_LOAD_OPTIONS)
+        except Exception as err:  # any loader failure becomes one line
+            raise node_list_load_error(path, err) from None
 
     def _populate(self, plan):
         inventory = self.inventory

@@ -20,13 +20,21 @@ from typing import Any
 
 from gpufleet import hostlist
 from gpufleet.inventory import plan_shards, shard_table
-from gpufleet.nodelist import NodeList, NodeListError, load_node_list, load_shard_lock
+from gpufleet.nodelist import (
+    NODE_LIST_SUFFIXES,
+    Checker,
+    NodeList,
+    NodeListError,
+    check_shard_count,
+    load_node_list,
+    load_shard_lock,
+)
 from gpufleet.sharding import diff_assignments, imbalance
 from gpufleet.shardlock import format_lock
 
 EXIT_OK = 0
 EXIT_INVALID = 2
-NODE_LIST_SUFFIXES = (".gpufleet.yml", ".gpufleet.yaml")
+EXIT_BROKEN_PIPE = 128 + 13  # as if killed by SIGPIPE, like other tools in `... | head`
 
 
 def find_node_list(path: str) -> str:
@@ -51,6 +59,7 @@ def load(path: str, shards: int | None, lock_file: str | None = None) -> NodeLis
         return node_list
     if shards < 1:
         raise NodeListError(path, "--shards", f"must be >= 1, got {shards}")
+    check_shard_count(Checker(path), shards, len(node_list.hosts), "--shards")
     out_of_range = {host: s for host, s in node_list.monitoring.pin.items() if s >= shards}
     if out_of_range:
         host, shard = next(iter(out_of_range.items()))
@@ -272,5 +281,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NodeListError as err:
         print(f"gpufleet: {err}", file=sys.stderr)
         return EXIT_INVALID
-    print(output)
+    try:
+        print(output, flush=True)
+    except BrokenPipeError:
+        # The reader is gone (`gpufleet plan ... | head -1`): nothing to say, and nobody to
+        # say it to. Point stdout at /dev/null so the interpreter's final flush cannot fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
     return EXIT_OK

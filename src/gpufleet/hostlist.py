@@ -4,21 +4,38 @@ Grammar (as Slurm): a comma-separated list of terms, where commas inside bracket
 to the bracket. A term is literal text with zero or more bracket groups; each group is a
 comma-separated list of numbers or ``lo-hi`` ranges. The width of ``lo`` sets the zero
 padding. Several groups expand as a cartesian product, leftmost group outermost.
+
+Expansion is bounded: an expression is counted before it is expanded, and a
+:class:`Budget` caps what all expressions of one node list expand to together
+(``gpufleet.limits``).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 
-MAX_HOSTS = 1_000_000  # guards against a typo like gpu[0-99999999] eating all memory
+from gpufleet.limits import MAX_HOSTS, MAX_NAME_LENGTH, MAX_NAMES, MAX_NUMBER_DIGITS
+
 _LITERAL_RE = re.compile(r"[A-Za-z0-9._-]*")
 _NUMBER_RE = re.compile(r"[0-9]+")
 _TRAILING_NUMBER_RE = re.compile(r"^(.*?)([0-9]+)([^0-9]*)$")
 
+# A parsed term: literal strings and bracket groups; a group is a list of (low, high)
+# digit strings, high None for a single number.
+Group = list[tuple[str, str | None]]
+Term = list[str | Group]
+
 
 class HostlistError(ValueError):
     """A malformed hostlist expression; the message says what and where."""
+
+
+def shown(expression: str, width: int = 60) -> str:
+    """``repr`` of an expression for messages, cut in the middle when long."""
+    text = repr(expression)
+    return text if len(text) <= width else f"{text[: width // 2 - 2]}...{text[-(width // 2 - 1) :]}"
 
 
 def split_top_level(expression: str) -> list[str]:
@@ -29,77 +46,158 @@ def split_top_level(expression: str) -> list[str]:
     for index, char in enumerate(expression):
         if char == "[":
             if depth:
-                raise HostlistError(f"nested '[' at position {index} in {expression!r}")
+                raise HostlistError(f"nested '[' at position {index} in {shown(expression)}")
             depth = 1
         elif char == "]":
             if not depth:
-                raise HostlistError(f"unmatched ']' at position {index} in {expression!r}")
+                raise HostlistError(f"unmatched ']' at position {index} in {shown(expression)}")
             depth = 0
         elif char == "," and not depth:
             terms.append(expression[start:index])
             start = index + 1
     if depth:
-        raise HostlistError(f"unclosed '[' in {expression!r}")
+        raise HostlistError(f"unclosed '[' in {shown(expression)}")
     terms.append(expression[start:])
     return terms
 
 
-def expand_range_list(body: str, expression: str) -> list[str]:
-    """Expand the inside of one bracket group, e.g. ``001-003,010``."""
+def parse_range_list(body: str, expression: str) -> Group:
+    """Validate the inside of one bracket group, e.g. ``001-003,010``."""
     if not body.strip():
-        raise HostlistError(f"empty range '[]' in {expression!r}")
-    values: list[str] = []
+        raise HostlistError(f"empty range '[]' in {shown(expression)}")
+    group: Group = []
     for item in body.split(","):
         item = item.strip()
         if not item:
-            raise HostlistError(f"empty item in range '[{body}]' of {expression!r}")
+            group = shown("[" + body + "]")
+            raise HostlistError(f"empty item in range {group} of {shown(expression)}")
         low, sep, high = item.partition("-")
         if not _NUMBER_RE.fullmatch(low) or (sep and not _NUMBER_RE.fullmatch(high)):
-            raise HostlistError(f"invalid range {item!r} in {expression!r}")
-        if not sep:
-            values.append(low)
-            continue
-        first, last = int(low), int(high)
-        if first > last:
-            raise HostlistError(f"reversed range {item!r} in {expression!r}")
-        if last - first + 1 > MAX_HOSTS:
-            raise HostlistError(f"range {item!r} in {expression!r} exceeds {MAX_HOSTS} hosts")
-        width = len(low)
-        values.extend(f"{number:0{width}d}" for number in range(first, last + 1))
-    return values
+            raise HostlistError(f"invalid range {shown(item)} in {shown(expression)}")
+        if max(len(low), len(high)) > MAX_NUMBER_DIGITS:
+            raise HostlistError(
+                f"number with more than {MAX_NUMBER_DIGITS} digits in {shown(expression)}"
+            )
+        if sep and int(low) > int(high):
+            raise HostlistError(f"reversed range {shown(item)} in {shown(expression)}")
+        group.append((low, high if sep else None))
+    return group
 
 
-def expand_term(term: str, expression: str) -> list[str]:
-    """Expand one top-level term (no top-level commas)."""
+def parse_term(term: str, expression: str) -> Term:
+    """Validate one top-level term (no top-level commas) without expanding it."""
     if not term.strip():
-        raise HostlistError(f"empty host name in {expression!r}")
+        raise HostlistError(f"empty host name in {shown(expression)}")
     parts = re.split(r"\[([^\]]*)\]", term)
     # re.split alternates literal, group, literal, group, ..., literal
-    names = [""]
+    parsed: Term = []
+    length = 0
     for index, part in enumerate(parts):
         if index % 2 == 0:
             if not _LITERAL_RE.fullmatch(part):
                 bad = next(c for c in part if not _LITERAL_RE.fullmatch(c))
-                raise HostlistError(f"invalid character {bad!r} in {expression!r}")
-            names = [name + part for name in names]
+                raise HostlistError(f"invalid character {bad!r} in {shown(expression)}")
+            parsed.append(part)
+            length += len(part)
         else:
-            values = expand_range_list(part, expression)
-            if len(names) * len(values) > MAX_HOSTS:
-                raise HostlistError(f"{expression!r} expands to more than {MAX_HOSTS} hosts")
-            names = [name + value for name in names for value in values]
-    return names
+            group = parse_range_list(part, expression)
+            parsed.append(group)
+            length += max(max(len(low), len(high or "")) for low, high in group)
+    if length > MAX_NAME_LENGTH:
+        raise HostlistError(
+            f"names longer than {MAX_NAME_LENGTH} characters in {shown(expression)}"
+        )
+    return parsed
 
 
-def expand(expression: str) -> list[str]:
-    """Expand a hostlist expression into host names, in Slurm order, duplicates kept."""
+def group_size(group: Group) -> int:
+    return sum(1 if high is None else int(high) - int(low) + 1 for low, high in group)
+
+
+def term_size(term: Term) -> int:
+    return math.prod(group_size(part) for part in term if isinstance(part, list))
+
+
+def parse(expression: str) -> list[Term]:
+    """Validate a hostlist expression; :func:`size` and :func:`materialize` take the result."""
     if not isinstance(expression, str):
         raise HostlistError(f"expected a hostlist string, got {type(expression).__name__}")
     if not expression.strip():
         raise HostlistError("empty hostlist")
+    return [parse_term(term.strip(), expression) for term in split_top_level(expression.strip())]
+
+
+def size(terms: list[Term]) -> int:
+    """How many names a parsed expression expands to (duplicates counted), without expanding."""
+    return sum(term_size(term) for term in terms)
+
+
+def group_values(group: Group) -> list[str]:
+    values: list[str] = []
+    for low, high in group:
+        if high is None:
+            values.append(low)
+        else:
+            width = len(low)
+            values.extend(f"{number:0{width}d}" for number in range(int(low), int(high) + 1))
+    return values
+
+
+def materialize(terms: list[Term]) -> list[str]:
+    """The names of a parsed expression, in Slurm order (leftmost group outermost)."""
     names: list[str] = []
-    for term in split_top_level(expression.strip()):
-        names.extend(expand_term(term.strip(), expression))
+    for term in terms:
+        expanded = [""]
+        for part in term:
+            if isinstance(part, str):
+                expanded = [name + part for name in expanded]
+            else:
+                values = group_values(part)
+                expanded = [name + value for name in expanded for value in values]
+        names.extend(expanded)
     return names
+
+
+def expand(expression: str, limit: int = MAX_NAMES) -> list[str]:
+    """Expand a hostlist expression into host names, in Slurm order, duplicates kept.
+
+    Counts first: an expression of more than ``limit`` names is refused before any is made.
+    """
+    terms = parse(expression)
+    if size(terms) > limit:
+        raise HostlistError(f"{shown(expression)} expands to more than {limit:,} names")
+    return materialize(terms)
+
+
+class Budget:
+    """What the hostlist expressions of one node list (its YAML and its slurm.conf files)
+    may still expand to: ``MAX_HOSTS`` defined hosts and ``MAX_NAMES`` names in all."""
+
+    def __init__(self, hosts: int = MAX_HOSTS, names: int = MAX_NAMES) -> None:
+        self.max_hosts, self.hosts_left = hosts, hosts
+        self.max_names, self.names_left = names, names
+
+    def take(self, count: int, what: str, defines: bool = False) -> None:
+        """Charge ``count`` names (hosts, if ``defines``) for ``what`` (used in messages)."""
+        if defines and count > self.hosts_left:
+            raise HostlistError(
+                f"{what}: the node list would define more than {self.max_hosts:,} hosts "
+                "(the limit for nodes, servers and slurm.conf together)"
+            )
+        if count > self.names_left:
+            raise HostlistError(
+                f"{what}: the node list's hostlists would expand to more than "
+                f"{self.max_names:,} names (the limit for all its hostlists together)"
+            )
+        self.names_left -= count
+        if defines:
+            self.hosts_left -= count
+
+    def expand(self, expression: str, defines: bool = False) -> list[str]:
+        """:func:`expand`, charged to this budget; ``defines``: the names are new hosts."""
+        terms = parse(expression)
+        self.take(size(terms), shown(expression), defines)
+        return materialize(terms)
 
 
 def split_number(name: str) -> tuple[str, str, str] | None:

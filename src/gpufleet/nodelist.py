@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import math
 import os
 import re
-import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,10 +19,26 @@ from typing import Any
 import yaml
 
 from gpufleet import hostlist, slurmconf
+from gpufleet.limits import (
+    MAX_ADDRESS_PATTERN_LENGTH,
+    MAX_CPUS,
+    MAX_EXPECTED_SERIES,
+    MAX_GPUS,
+    MAX_IMBALANCE,
+    MAX_NUM_WIDTH,
+    MAX_REBALANCE_MARGIN,
+    MAX_REPLICAS,
+    MAX_SHARDS,
+    MAX_TOKEN_LENGTH,
+    MAX_VALUE_DEPTH,
+    MAX_VALUE_NODES,
+    read_file_text,
+)
 from gpufleet.sharding import DEFAULT_MAX_IMBALANCE, DEFAULT_REBALANCE_MARGIN
 from gpufleet.shardlock import LockError, ShardLock, parse_lock
 
 PLUGIN_NAME = "gpufleet"
+NODE_LIST_SUFFIXES = (".gpufleet.yml", ".gpufleet.yaml")  # the files the plugin claims
 CONSTRUCTED_KEYS = (
     "compose",
     "groups",
@@ -75,6 +91,14 @@ _HOSTNAME_RE = re.compile(
     r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 )
 _DOTTED_NUMBERS_RE = re.compile(r"^[0-9.]+$")
+_PLAIN_KEY_RE = re.compile(r"^[A-Za-z0-9_.,*\[\]-]{1,60}$")
+# Characters that would break the one-line error (str.splitlines() breaks on all of them).
+_LINE_BREAKING_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """``text`` with control and line-breaking characters escaped (``\\n``, ``\\x1c``)."""
+    return _LINE_BREAKING_RE.sub(lambda match: repr(match.group())[1:-1], text)
 
 
 class NodeListError(ValueError):
@@ -84,7 +108,8 @@ class NodeListError(ValueError):
         self.file = file
         self.key_path = key_path
         self.message = message
-        super().__init__(f"{file}: {key_path}: {message}" if key_path else f"{file}: {message}")
+        text = f"{file}: {key_path}: {message}" if key_path else f"{file}: {message}"
+        super().__init__(one_line(text))
 
 
 @dataclass(frozen=True)
@@ -133,8 +158,16 @@ class NodeList:
 
 def describe(value: Any) -> str:
     """Short repr for messages: strings quoted, long values cut."""
+    if is_int(value) and abs(value) >= 10**30:
+        return f"an integer of {len(str(abs(value)))} digits"
     text = repr(value) if isinstance(value, str) else str(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def key_text(key: Any) -> str:
+    """A mapping key as it appears in a key path: plain keys as they are, others quoted."""
+    text = str(key)
+    return text if _PLAIN_KEY_RE.match(text) else describe(text)
 
 
 def type_name(value: Any) -> str:
@@ -151,8 +184,10 @@ def is_int(value: Any) -> bool:
 class Checker:
     """Validation helpers bound to one file, so every error names it."""
 
-    def __init__(self, file: str) -> None:
+    def __init__(self, file: str, budget: hostlist.Budget | None = None) -> None:
         self.file = file
+        # One budget per node list: its YAML and its slurm.conf files share it.
+        self.budget = budget or hostlist.Budget()
 
     def fail(self, key_path: str, message: str) -> NodeListError:
         return NodeListError(self.file, key_path, message)
@@ -165,7 +200,7 @@ class Checker:
     def known_keys(self, value: Mapping[str, Any], allowed: tuple[str, ...], key_path: str) -> None:
         for key in value:
             if key not in allowed:
-                where = f"{key_path}.{key}" if key_path else str(key)
+                where = f"{key_path}.{key_text(key)}" if key_path else key_text(key)
                 close = difflib.get_close_matches(str(key), allowed, n=1)
                 hint = (
                     f"; did you mean {close[0]!r}?"
@@ -174,26 +209,48 @@ class Checker:
                 )
                 raise self.fail(where, f"unknown key{hint}")
 
-    def string(self, value: Any, key_path: str, pattern: re.Pattern[str] | None = None) -> str:
-        if is_int(value):
+    def string(
+        self,
+        value: Any,
+        key_path: str,
+        pattern: re.Pattern[str] | None = None,
+        max_length: int = MAX_TOKEN_LENGTH,
+    ) -> str:
+        if is_int(value) and abs(value) < 10**30:
             value = str(value)
         if not isinstance(value, str) or not value:
             raise self.fail(key_path, f"must be a non-empty string, got {describe(value)}")
+        if len(value) > max_length:
+            raise self.fail(key_path, f"longer than {max_length} characters: {describe(value)}")
         if pattern and not pattern.match(value):
             raise self.fail(
-                key_path, f"invalid value {value!r} (allowed characters: A-Z a-z 0-9 _ . -)"
+                key_path,
+                f"invalid value {describe(value)} (allowed characters: A-Z a-z 0-9 _ . -)",
             )
         return str(value)
 
-    def integer(self, value: Any, key_path: str, minimum: int) -> int:
-        if not is_int(value) or value < minimum:
-            what = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
+    def integer(self, value: Any, key_path: str, minimum: int, maximum: int) -> int:
+        if not is_int(value) or not minimum <= value <= maximum:
+            if minimum == 0 and (not is_int(value) or value < 0):
+                what = "a non-negative integer"
+            elif not is_int(value) or value < minimum:
+                what = f"an integer >= {minimum}"
+            else:
+                what = f"at most {maximum:,}"
             raise self.fail(key_path, f"must be {what}, got {describe(value)}")
         return int(value)
 
-    def number(self, value: Any, key_path: str, minimum: float) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
-            raise self.fail(key_path, f"must be a number >= {minimum:.1f}, got {describe(value)}")
+    def number(self, value: Any, key_path: str, minimum: float, maximum: float) -> float:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(float(value) if abs(value) < 1e300 else math.inf)
+            or not minimum <= value <= maximum
+        ):
+            raise self.fail(
+                key_path,
+                f"must be a number in {minimum:.1f}..{maximum:.1f}, got {describe(value)}",
+            )
         return float(value)
 
     def choice(self, value: Any, key_path: str, choices: tuple[str, ...], what: str) -> str:
@@ -203,8 +260,9 @@ class Checker:
             )
         return str(value)
 
-    def hostlist(self, value: Any, key_path: str) -> tuple[str, ...]:
-        """A hostlist expression, or a YAML list of them."""
+    def hostlist(self, value: Any, key_path: str, defines: bool = False) -> tuple[str, ...]:
+        """A hostlist expression, or a YAML list of them. ``defines``: the names are new
+        hosts (nodes, servers), counted against the node list's host limit."""
         expressions = value if isinstance(value, list) else [value]
         if not expressions:
             raise self.fail(key_path, "names no host")
@@ -213,7 +271,7 @@ class Checker:
             if not isinstance(expression, str):
                 raise self.fail(key_path, f"must be a hostlist string, got {type_name(expression)}")
             try:
-                names.extend(hostlist.expand(expression))
+                names.extend(self.budget.expand(expression, defines))
             except hostlist.HostlistError as err:
                 raise self.fail(key_path, str(err)) from err
         for name in names:
@@ -224,7 +282,7 @@ class Checker:
     def labels(self, value: Any, key_path: str) -> dict[str, str]:
         result: dict[str, str] = {}
         for name, label_value in self.mapping(value, key_path).items():
-            where = f"{key_path}.{name}"
+            where = f"{key_path}.{key_text(name)}"
             if not isinstance(name, str) or not _LABEL_NAME_RE.match(name):
                 raise self.fail(
                     where, "invalid Prometheus label name (must match [a-zA-Z_][a-zA-Z0-9_]*)"
@@ -237,13 +295,18 @@ class Checker:
                 raise self.fail(
                     where, f"label value must be a string, got {type_name(label_value)}"
                 )
+            if is_int(label_value) and abs(label_value) >= 10**30:
+                raise self.fail(where, f"label value is {describe(label_value)}")
             result[name] = str(label_value)
         return result
 
     def host_vars(self, value: Any, key_path: str) -> dict[str, Any]:
         result: dict[str, Any] = {}
-        for name, var_value in self.mapping(value, key_path).items():
-            where = f"{key_path}.{name}"
+        problem = size_problem(self.mapping(value, key_path))
+        if problem:
+            raise self.fail(key_path, problem)
+        for name, var_value in value.items():
+            where = f"{key_path}.{key_text(name)}"
             if not isinstance(name, str) or not name.isidentifier():
                 raise self.fail(where, "invalid variable name")
             if name.startswith("gpufleet_") or name == "ansible_host":
@@ -258,24 +321,111 @@ class Checker:
         return tuple(self.string(item, key_path, _NAME_TOKEN_RE) for item in items)
 
 
+def size_problem(value: Any) -> str | None:
+    """Why ``value`` (YAML data) is too big to pass on, or None. A YAML alias counts once
+    per use, so a "billion laughs" document is refused after a few thousand steps."""
+    count = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        count += 1
+        if count > MAX_VALUE_NODES:
+            return f"too large: more than {MAX_VALUE_NODES:,} values (a YAML alias counts each use)"
+        if depth > MAX_VALUE_DEPTH:
+            return f"nested more than {MAX_VALUE_DEPTH} levels deep"
+        if isinstance(item, Mapping):
+            stack.extend((child, depth + 1) for pair in item.items() for child in pair)
+        elif isinstance(item, list | tuple):
+            stack.extend((child, depth + 1) for child in item)
+    return None
+
+
+_PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
+_NUM_SPEC_RE = re.compile(r"^num:(?:0([1-9])d?|d)$")
+PLACEHOLDER_HELP = f"use {{name}}, {{num}} or {{num:0Nd}} with N in 1..{MAX_NUM_WIDTH}"
+
+
+@dataclass(frozen=True)
+class AddressTemplate:
+    """An ``address`` value: literal text with ``{name}``, ``{num}`` and ``{num:0Nd}``.
+
+    Deliberately not ``str.format``: no attribute or index lookups, conversions or
+    arbitrary format specs (``{name!r:>999999999}`` would allocate gigabytes), and the
+    result cannot be longer than a DNS name.
+    """
+
+    pattern: str
+    parts: tuple[str | tuple[str, int], ...]  # literal text, or (field, zero-pad width)
+
+    @property
+    def fields(self) -> set[str]:
+        return {part[0] for part in self.parts if isinstance(part, tuple)}
+
+    @classmethod
+    def parse(cls, pattern: str) -> AddressTemplate:
+        """Raise ValueError (a one-line reason) for anything but the documented forms."""
+        if len(pattern) > MAX_ADDRESS_PATTERN_LENGTH:
+            raise ValueError(f"longer than {MAX_ADDRESS_PATTERN_LENGTH} characters")
+        parts: list[str | tuple[str, int]] = []
+        position = 0
+        for match in _PLACEHOLDER_RE.finditer(pattern):
+            cls._literal(pattern, position, match.start(), parts)
+            parts.append(cls._placeholder(match.group(1)))
+            position = match.end()
+        cls._literal(pattern, position, len(pattern), parts)
+        return cls(pattern, tuple(parts))
+
+    @staticmethod
+    def _literal(pattern: str, start: int, end: int, parts: list[str | tuple[str, int]]) -> None:
+        text = pattern[start:end]
+        for char in "{}":
+            if char in text:
+                at = start + text.index(char)
+                what = "unclosed '{'" if char == "{" else "unmatched '}'"
+                raise ValueError(f"{what} at position {at} ({PLACEHOLDER_HELP})")
+        if text:
+            parts.append(text)
+
+    @staticmethod
+    def _placeholder(body: str) -> tuple[str, int]:
+        field_name = re.split(r"[!:.\[]", body, maxsplit=1)[0]
+        if field_name not in ("name", "num"):
+            raise ValueError(
+                f"unknown placeholder {{{hostlist.shown(field_name)[1:-1]}}} "
+                "(use {name} or {num})"
+            )
+        if body in ("name", "num"):
+            return body, 0
+        spec = _NUM_SPEC_RE.match(body)
+        if not spec:
+            shown = hostlist.shown(body)[1:-1]
+            raise ValueError(f"placeholder {{{shown}}} is not supported ({PLACEHOLDER_HELP})")
+        return "num", int(spec.group(1) or 0)
+
+    def render(self, name: str) -> str:
+        number = hostlist.last_number(name) if "num" in self.fields else None
+        if "num" in self.fields and number is None:
+            raise ValueError(f"host {name!r} has no number for {{num}}")
+        pieces: list[str] = []
+        for part in self.parts:
+            if isinstance(part, str):
+                pieces.append(part)
+            elif part[0] == "name":
+                pieces.append(name)
+            else:
+                pieces.append(f"{number:0{part[1]}d}")
+        return "".join(pieces)
+
+
 def render_address(pattern: str, name: str) -> str:
     """Fill ``{name}`` and ``{num}`` (the host's last number, as an int) into ``pattern``."""
-    number = hostlist.last_number(name)
-    fields = {
-        field_name
-        for _, field_name, _, _ in string.Formatter().parse(pattern)
-        if field_name is not None
-    }
-    unknown = fields - {"name", "num"}
-    if unknown:
-        raise ValueError(f"unknown placeholder {{{sorted(unknown)[0]}}} (use {{name}} or {{num}})")
-    if "num" in fields and number is None:
-        raise ValueError(f"host {name!r} has no number for {{num}}")
-    return pattern.format(name=name, num=number)
+    return AddressTemplate.parse(pattern).render(name)
 
 
 def address_problem(address: str) -> str | None:
     """Why ``address`` is not a usable IP or host name, or None."""
+    if len(address) > 253:
+        return f"{describe(address)} is longer than 253 characters"
     try:
         ipaddress.ip_address(address)
         return None
@@ -289,7 +439,7 @@ def address_problem(address: str) -> str | None:
 
 
 def has_placeholder(pattern: str) -> bool:
-    return any(field_name is not None for _, field_name, _, _ in string.Formatter().parse(pattern))
+    return bool(AddressTemplate.parse(pattern).fields)
 
 
 def estimate_series(cpus: int, gpu_count: int, collector: str) -> int:
@@ -319,11 +469,7 @@ class EntrySpec:
 def parse_gpu(check: Checker, value: Any, key_path: str) -> tuple[str, str, int]:
     gpu = check.mapping(value, key_path)
     check.known_keys(gpu, GPU_KEYS, key_path)
-    count = gpu.get("count", 0)
-    if not is_int(count) or count < 0:
-        raise check.fail(
-            f"{key_path}.count", f"must be a non-negative integer, got {describe(count)}"
-        )
+    count = check.integer(gpu.get("count", 0), f"{key_path}.count", 0, MAX_GPUS)
     if count == 0:
         return "", "", 0
     if "vendor" not in gpu:
@@ -340,7 +486,8 @@ def parse_entry(check: Checker, raw: Any, key_path: str, role: str) -> EntrySpec
     check.known_keys(entry, NODE_KEYS if role == "node" else SERVER_KEYS, key_path)
     if "hosts" not in entry:
         raise check.fail(f"{key_path}.hosts", "required")
-    spec = EntrySpec(names=check.hostlist(entry["hosts"], f"{key_path}.hosts"), role=role)
+    names = check.hostlist(entry["hosts"], f"{key_path}.hosts", defines=True)
+    spec = EntrySpec(names=names, role=role)
     fill_common(check, spec, entry, key_path)
     if "gpu" in entry:
         spec.gpu_vendor, spec.gpu_model, spec.gpu_count = parse_gpu(
@@ -360,16 +507,24 @@ def parse_entry(check: Checker, raw: Any, key_path: str, role: str) -> EntrySpec
 def fill_common(check: Checker, spec: EntrySpec, entry: Mapping[str, Any], key_path: str) -> None:
     """Keys shared by nodes, servers and slurm.conf defaults."""
     if "address" in entry:
-        spec.address = check.string(entry["address"], f"{key_path}.address")
+        spec.address = check.string(
+            entry["address"], f"{key_path}.address", max_length=MAX_ADDRESS_PATTERN_LENGTH
+        )
+        try:
+            AddressTemplate.parse(spec.address)
+        except ValueError as err:
+            raise check.fail(
+                f"{key_path}.address", f"pattern {describe(spec.address)}: {err}"
+            ) from None
     if "rack" in entry:
         spec.rack = check.string(entry["rack"], f"{key_path}.rack", _NAME_TOKEN_RE)
     if "partition" in entry:
         spec.partitions = check.partitions(entry["partition"], f"{key_path}.partition")
     if "cpus" in entry:
-        spec.cpus = check.integer(entry["cpus"], f"{key_path}.cpus", 1)
+        spec.cpus = check.integer(entry["cpus"], f"{key_path}.cpus", 1, MAX_CPUS)
     if "expected_series" in entry:
         spec.expected_series = check.integer(
-            entry["expected_series"], f"{key_path}.expected_series", 1
+            entry["expected_series"], f"{key_path}.expected_series", 1, MAX_EXPECTED_SERIES
         )
     if "labels" in entry:
         spec.labels = check.labels(entry["labels"], f"{key_path}.labels")
@@ -383,16 +538,21 @@ def entry_addresses(check: Checker, spec: EntrySpec, key_path: str) -> list[str]
     elif spec.address is None:
         return list(spec.names)
     else:
-        if not has_placeholder(spec.address) and len(spec.names) > 1:
-            raise check.fail(
-                f"{key_path}.address",
-                f"{spec.address!r} would be the duplicate address of all {len(spec.names)} hosts; "
-                "use {num} or {name}",
-            )
         try:
-            addresses = [render_address(spec.address, name) for name in spec.names]
-        except (ValueError, IndexError, KeyError) as err:
-            raise check.fail(f"{key_path}.address", f"pattern {spec.address!r}: {err}") from err
+            template = AddressTemplate.parse(spec.address)
+            if not template.fields and len(spec.names) > 1:
+                raise check.fail(
+                    f"{key_path}.address",
+                    f"{spec.address!r} would be the duplicate address of all "
+                    f"{len(spec.names)} hosts; use {{num}} or {{name}}",
+                )
+            addresses = [template.render(name) for name in spec.names]
+        except ValueError as err:
+            if isinstance(err, NodeListError):
+                raise
+            raise check.fail(
+                f"{key_path}.address", f"pattern {describe(spec.address)}: {err}"
+            ) from err
     for name, address in zip(spec.names, addresses, strict=True):
         problem = address_problem(address)
         if problem:
@@ -435,7 +595,7 @@ def slurm_entries(
     check: Checker, slurm: Mapping[str, Any], node_list_file: str, read_text: Callable[[str], str]
 ) -> list[tuple[EntrySpec, Checker, str]]:
     """Entries for the NodeName= lines of ``slurm.conf``, with ``node_defaults`` applied."""
-    conf_value = check.string(slurm["conf"], "slurm.conf")
+    conf_value = check.string(slurm["conf"], "slurm.conf", max_length=4096)
     conf_path = os.path.join(os.path.dirname(os.path.abspath(node_list_file)), conf_value)
     defaults = check.mapping(slurm.get("node_defaults", {}), "slurm.node_defaults")
     check.known_keys(defaults, SLURM_DEFAULT_KEYS, "slurm.node_defaults")
@@ -454,29 +614,33 @@ def slurm_entries(
         text = read_text(conf_path)
     except OSError as err:
         raise check.fail("slurm.conf", f"cannot read {conf_path}: {err.strerror or err}") from err
-    conf_check = Checker(conf_path)
     try:
-        parsed = slurmconf.parse(text)
+        parsed = slurmconf.parse(text, conf_path, read_text, check.budget)
     except slurmconf.SlurmConfError as err:
-        raise conf_check.fail(f"line {err.line}", err.message) from err
+        where = f"line {err.line}" if err.line else ""
+        raise Checker(err.file or conf_path).fail(where, err.message) from err
     partitions_of: dict[str, list[str]] = {}
     for partition, members in parsed.partitions.items():
         for host in members:
             partitions_of.setdefault(host, []).append(partition)
+    checkers: dict[str, Checker] = {}
     entries: list[tuple[EntrySpec, Checker, str]] = []
     for node in parsed.nodes:
+        conf_check = checkers.setdefault(node.file, Checker(node.file or conf_path, check.budget))
         for name in node.hosts:
             if not _HOSTNAME_RE.match(name):
                 raise conf_check.fail(f"line {node.line}", f"invalid host name {name!r}")
         key_path = f"line {node.line}"
+        address_of = dict(zip(node.hosts, node.addresses, strict=True)) if node.addresses else {}
         # Hosts of one NodeName line can sit in different partitions: split them.
-        partitions = dict.fromkeys(tuple(partitions_of.get(host, ())) for host in node.hosts)
-        for partition_set in partitions:
-            names = tuple(h for h in node.hosts if tuple(partitions_of.get(h, ())) == partition_set)
+        by_partitions: dict[tuple[str, ...], list[str]] = {}
+        for host in node.hosts:
+            by_partitions.setdefault(tuple(partitions_of.get(host, ())), []).append(host)
+        for partition_set, members in by_partitions.items():
+            names = tuple(members)
             spec = EntrySpec(**{**template.__dict__, "names": names, "partitions": partition_set})
-            if node.addresses:
-                index = {h: a for h, a in zip(node.hosts, node.addresses, strict=True)}
-                spec.per_host_addresses = tuple(index[h] for h in names)
+            if address_of:
+                spec.per_host_addresses = tuple(address_of[h] for h in names)
             spec.cpus = node.cpus or template.cpus
             if node.gpu_count:
                 spec.gpu_vendor = vendor or guess_vendor(node.gpu_type)
@@ -491,25 +655,41 @@ def slurm_entries(
     return entries
 
 
-def parse_monitoring(check: Checker, raw: Any, file: str) -> Monitoring:
+def check_shard_count(check: Checker, shards: int, host_count: int, key_path: str) -> None:
+    """At most ``MAX_SHARDS`` shards, and no more shards than hosts."""
+    if shards > MAX_SHARDS:
+        raise check.fail(key_path, f"must be at most {MAX_SHARDS}, got {describe(shards)}")
+    if shards > host_count:
+        raise check.fail(
+            key_path,
+            f"{shards} shards, but the node list has {host_count} host(s) (one at least per shard)",
+        )
+
+
+def parse_monitoring(check: Checker, raw: Any, file: str, host_count: int) -> Monitoring:
     monitoring = check.mapping(raw, "monitoring")
     check.known_keys(monitoring, MONITORING_KEYS, "monitoring")
-    shards = check.integer(monitoring.get("shards", 1), "monitoring.shards", 1)
-    replicas = check.integer(monitoring.get("replicas", 1), "monitoring.replicas", 1)
+    shards = check.integer(monitoring.get("shards", 1), "monitoring.shards", 1, MAX_SHARDS)
+    check_shard_count(check, shards, host_count, "monitoring.shards")
+    replicas = check.integer(monitoring.get("replicas", 1), "monitoring.replicas", 1, MAX_REPLICAS)
     sharding = check.choice(
         monitoring.get("sharding", "balanced"), "monitoring.sharding", SHARDING_MODES, "mode"
     )
     max_imbalance = check.number(
-        monitoring.get("max_imbalance", DEFAULT_MAX_IMBALANCE), "monitoring.max_imbalance", 1
+        monitoring.get("max_imbalance", DEFAULT_MAX_IMBALANCE),
+        "monitoring.max_imbalance",
+        1.0,
+        MAX_IMBALANCE,
     )
     rebalance_margin = check.number(
         monitoring.get("rebalance_margin", DEFAULT_REBALANCE_MARGIN),
         "monitoring.rebalance_margin",
-        0,
+        0.0,
+        MAX_REBALANCE_MARGIN,
     )
     pins: dict[str, int] = {}
     for expression, shard in check.mapping(monitoring.get("pin", {}), "monitoring.pin").items():
-        key_path = f"monitoring.pin.{expression}"
+        key_path = f"monitoring.pin.{key_text(expression)}"
         names = check.hostlist(expression, key_path)
         if not is_int(shard) or not 0 <= shard < shards:
             raise check.fail(
@@ -554,16 +734,11 @@ def check_defined(
             raise check.fail(key_path, f"host {name!r} is not defined in nodes or servers")
 
 
-def read_file_text(path: str) -> str:
-    with open(path, encoding="utf-8") as handle:
-        return handle.read()
-
-
 def lock_path(check: Checker, monitoring: Mapping[str, Any], file: str) -> str:
     """``monitoring.shard_lock`` resolved against the node list's directory, or ""."""
     if "shard_lock" not in monitoring:
         return ""
-    value = check.string(monitoring["shard_lock"], "monitoring.shard_lock")
+    value = check.string(monitoring["shard_lock"], "monitoring.shard_lock", max_length=4096)
     if os.path.dirname(value) in ("", ".") and not os.path.basename(value).startswith("."):
         raise check.fail(
             "monitoring.shard_lock",
@@ -589,7 +764,7 @@ def load_shard_lock(
         raise NodeListError(path, err.key_path, err.message) from err
     if lock.cluster != cluster:
         raise NodeListError(
-            path, "cluster", f"the lock is for cluster {lock.cluster!r}, not {cluster!r}"
+            path, "cluster", f"the lock is for cluster {describe(lock.cluster)}, not {cluster!r}"
         )
     return lock
 
@@ -599,6 +774,8 @@ def parse_node_list(
 ) -> NodeList:
     """Validate the loaded YAML of a node list. ``file`` names it in errors."""
     check = Checker(file)
+    if data is None:
+        raise check.fail("", "is empty (expected a YAML mapping with plugin: gpufleet)")
     if not isinstance(data, Mapping):
         raise check.fail("", f"must be a YAML mapping, got {type_name(data)}")
     check.known_keys(data, TOP_LEVEL_KEYS, "")
@@ -627,7 +804,7 @@ def parse_node_list(
     if not hosts:
         raise check.fail("nodes", "defines no host")
     by_name = {host.name: host for host in hosts}
-    monitoring = parse_monitoring(check, data.get("monitoring", {}), file)
+    monitoring = parse_monitoring(check, data.get("monitoring", {}), file, len(hosts))
     for key in MONITORING_HOST_KEYS:
         check_defined(check, f"monitoring.{key}", getattr(monitoring, key), by_name)
     for name in monitoring.pin:
@@ -689,10 +866,49 @@ def load_node_list(path: str, read_text: Callable[[str], str] = read_file_text) 
     except OSError as err:
         raise NodeListError(path, "", f"cannot read: {err.strerror or err}") from err
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
+    except YamlProblem as err:
+        raise NodeListError(path, err.where, err.problem) from None
+    return parse_node_list(data, path, read_text)
+
+
+def node_list_load_error(path: str, err: BaseException) -> NodeListError:
+    """One line for a node list that Ansible's loader could not load: gpufleet's own YAML
+    message (with the line) if the text is invalid YAML, else the loader's first line."""
+    try:
+        load_yaml(read_file_text(path))
+    except YamlProblem as problem:
+        return NodeListError(path, problem.where, problem.problem)
+    except OSError as os_err:
+        return NodeListError(path, "", f"cannot read: {os_err.strerror or os_err}")
+    if isinstance(err, RecursionError):
+        return NodeListError(path, "", "invalid YAML: nested too deeply")
+    first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return NodeListError(path, "", f"cannot load: {first_line[:200]}")
+
+
+_YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class YamlProblem(ValueError):
+    """Why a YAML text could not be loaded: ``where`` ("line N" or "") and ``problem``."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"{where}: {problem}" if where else problem)
+        self.where = where
+        self.problem = problem
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` (libyaml's when present), every failure a :class:`YamlProblem`."""
+    try:
+        return yaml.load(text, Loader=_YamlLoader)  # a safe loader
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise NodeListError(path, where, f"invalid YAML: {problem}") from err
-    return parse_node_list(data, path, read_text)
+        problem = getattr(err, "problem", None) or (str(err).splitlines() or ["?"])[0]
+        raise YamlProblem(where, f"invalid YAML: {problem}") from None
+    except RecursionError:
+        raise YamlProblem("", "invalid YAML: nested too deeply") from None
+    except (ValueError, OverflowError, TypeError) as err:  # e.g. a timestamp like 2024-02-30
+        raise YamlProblem("", f"invalid YAML: {one_line(str(err))[:200]}") from None

@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from gpufleet.limits import MAX_SHARDS
+
 LOCK_VERSION = 1
 LOCK_KEYS = ("version", "cluster", "shards", "hosts")
 HEADER = """\
@@ -53,6 +55,14 @@ class ShardLock:
     hosts: Mapping[str, int] = field(default_factory=dict)
 
 
+def short(value: Any, quote: bool = True, width: int = 60) -> str:
+    """``repr`` (or ``str``) of a value for messages, cut when long."""
+    if isinstance(value, int) and abs(value) >= 10**30:
+        return f"an integer of {len(str(abs(value)))} digits"
+    text = repr(value) if quote else str(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def is_count(value: Any, minimum: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
@@ -64,38 +74,45 @@ def parse_lock(text: str, file: str) -> ShardLock:
         data = yaml.load(text, Loader=_Loader)  # a safe loader (libyaml's if present)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        problem = getattr(err, "problem", None) or (str(err).splitlines() or ["?"])[0]
         where = f"line {mark.line + 1}" if mark else ""
         raise LockError(where, f"invalid YAML: {problem}") from err
+    except RecursionError:
+        raise LockError("", "invalid YAML: nested too deeply") from None
+    except (ValueError, OverflowError, TypeError) as err:  # e.g. a timestamp like 2024-02-30
+        raise LockError("", f"invalid YAML: {str(err)[:200]}") from None
     if not isinstance(data, Mapping):
         raise LockError("", "must be a YAML mapping (a gpufleet shard lock)")
     for key in data:
         if key not in LOCK_KEYS:
-            close = difflib.get_close_matches(str(key), LOCK_KEYS, n=1)
+            close = difflib.get_close_matches(str(key)[:100], LOCK_KEYS, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f" ({', '.join(LOCK_KEYS)})"
-            raise LockError(str(key), f"unknown key{hint}")
+            raise LockError(short(key, quote=False), f"unknown key{hint}")
     for key in LOCK_KEYS:
         if key not in data:
             raise LockError(key, "required")
     if data["version"] != LOCK_VERSION:
         raise LockError(
-            "version", f"unsupported lock format {data['version']!r} (this gpufleet reads 1)"
+            "version", f"unsupported lock format {short(data['version'])} (this gpufleet reads 1)"
         )
     cluster = data["cluster"]
     if not isinstance(cluster, str) or not cluster:
-        raise LockError("cluster", f"must be a non-empty string, got {cluster!r}")
+        raise LockError("cluster", f"must be a non-empty string, got {short(cluster)}")
     shards = data["shards"]
     if not is_count(shards, 1):
-        raise LockError("shards", f"must be an integer >= 1, got {shards!r}")
+        raise LockError("shards", f"must be an integer >= 1, got {short(shards)}")
+    if shards > MAX_SHARDS:
+        raise LockError("shards", f"must be at most {MAX_SHARDS}, got {short(shards)}")
     hosts = data["hosts"] if data["hosts"] is not None else {}
     if not isinstance(hosts, Mapping):
         raise LockError("hosts", "must be a mapping of host name -> shard")
     for host, shard in hosts.items():
         if not isinstance(host, str):
-            raise LockError("hosts", f"host names must be strings, got {host!r}")
+            raise LockError("hosts", f"host names must be strings, got {short(host)}")
         if not is_count(shard, 0) or shard >= shards:
             raise LockError(
-                f"hosts.{host}", f"shard must be an integer in 0..{shards - 1}, got {shard!r}"
+                f"hosts.{short(host, quote=False)}",
+                f"shard must be an integer in 0..{shards - 1}, got {short(shard)}",
             )
     return ShardLock(file=file, cluster=cluster, shards=shards, hosts=dict(hosts))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ class BadCase:
     message: str
     slurm_conf: str | None = None
     error_file: str | None = None  # when the error is in another file (slurm.conf)
+    extra_files: dict[str, str] = field(default_factory=dict)  # e.g. slurm.conf Includes
 
 
 def edit(path: str, value: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -57,6 +58,15 @@ def add_entry(section: str, entry: dict[str, Any]) -> Callable[[dict[str, Any]],
 
 def with_slurm(section: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
     return edit("slurm", section)
+
+
+def both(*changes: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
+    def apply(data: dict[str, Any]) -> Any:
+        for change in changes:
+            data = change(data)
+        return data
+
+    return apply
 
 
 GPU = {"vendor": "nvidia", "model": "H100", "count": 8}
@@ -291,6 +301,93 @@ BAD_CASES = [
         "slurm.conf",
         "cannot read {dir}/missing.conf: No such file or directory",
     ),
+    # Bounded input: address templates, numbers, host counts, slurm.conf Include.
+    BadCase(
+        "address-format-spec",
+        edit("nodes.0.address", "{name!r:>999999999}"),
+        "nodes[0].address",
+        "pattern '{name!r:>999999999}': placeholder {name!r:>999999999} is not supported "
+        "(use {name}, {num} or {num:0Nd} with N in 1..9)",
+    ),
+    BadCase(
+        "address-attribute-lookup",
+        edit("nodes.0.address", "{name.__class__}"),
+        "nodes[0].address",
+        "pattern '{name.__class__}': placeholder {name.__class__} is not supported "
+        "(use {name}, {num} or {num:0Nd} with N in 1..9)",
+    ),
+    BadCase(
+        "address-unclosed-brace",
+        edit("nodes.0.address", "10.0.0.{num"),
+        "nodes[0].address",
+        "pattern '10.0.0.{num': unclosed '{' at position 7 "
+        "(use {name}, {num} or {num:0Nd} with N in 1..9)",
+    ),
+    BadCase(
+        "address-default-unclosed-brace",
+        with_slurm({"conf": "slurm.conf", "node_defaults": {"address": "10.4.0.{num"}}),
+        "slurm.node_defaults.address",
+        "pattern '10.4.0.{num': unclosed '{' at position 7 "
+        "(use {name}, {num} or {num:0Nd} with N in 1..9)",
+        slurm_conf="NodeName=sn[1-2]\n",
+    ),
+    BadCase(
+        "shards-over-maximum",
+        edit("monitoring.shards", 100_000),
+        "monitoring.shards",
+        "must be at most 64, got 100000",
+    ),
+    BadCase(
+        "shards-more-than-hosts",
+        edit("monitoring.shards", 9),
+        "monitoring.shards",
+        "9 shards, but the node list has 8 host(s) (one at least per shard)",
+    ),
+    BadCase(
+        "replicas-over-maximum",
+        edit("monitoring.replicas", 10**12),
+        "monitoring.replicas",
+        "must be at most 8, got 1000000000000",
+    ),
+    BadCase(
+        "max-imbalance-nan",
+        edit("monitoring.max_imbalance", float("nan")),
+        "monitoring.max_imbalance",
+        "must be a number in 1.0..64.0, got nan",
+    ),
+    BadCase(
+        "max-imbalance-inf",
+        edit("monitoring.max_imbalance", float("inf")),
+        "monitoring.max_imbalance",
+        "must be a number in 1.0..64.0, got inf",
+    ),
+    BadCase(
+        "hosts-over-the-node-list-limit",
+        both(
+            add_entry("nodes", {"hosts": "a[1-60000]"}),
+            add_entry("nodes", {"hosts": "b[1-60000]"}),
+        ),
+        "nodes[3].hosts",
+        "'b[1-60000]': the node list would define more than 100,000 hosts "
+        "(the limit for nodes, servers and slurm.conf together)",
+    ),
+    BadCase(
+        "slurm-conf-include-missing",
+        with_slurm({"conf": "slurm.conf"}),
+        "line 2",
+        "Include 'conf.d/gone.conf': cannot read {dir}/conf.d/gone.conf: No such file or directory",
+        slurm_conf="NodeName=sn1\nInclude conf.d/gone.conf\n",
+        error_file="{dir}/slurm.conf",
+    ),
+    BadCase(
+        "slurm-conf-error-in-included-file",
+        with_slurm({"conf": "slurm.conf"}),
+        "line 2",
+        "CPUs=many: must be a non-negative integer",
+        slurm_conf="Include conf.d/nodes.conf\n",
+        error_file="{dir}/conf.d/nodes.conf",
+        extra_files={"conf.d/nodes.conf": "NodeName=sn1\nNodeName=sn2 CPUs=many\n"},
+    ),
     BadCase(
         "var-overriding-contract",
         edit("nodes.0.vars", {"gpufleet_shard": 3}),
@@ -309,4 +406,7 @@ def expected_error(case: BadCase, directory: Path, node_list: Path) -> str:
 def write_case(case: BadCase, directory: Path) -> Path:
     if case.slurm_conf is not None:
         (directory / "slurm.conf").write_text(case.slurm_conf)
+    for name, text in case.extra_files.items():
+        (directory / name).parent.mkdir(parents=True, exist_ok=True)
+        (directory / name).write_text(text)
     return write_node_list(directory, case.change(minimal_node_list()))

@@ -48,6 +48,15 @@ def run_ansible_inventory(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def meaningful_error_lines(stderr: str, source: str) -> list[str]:
+    """stderr's non-blank lines, less Ansible's fixed closing line for a failed source
+    (``[ERROR]: Completely failed to parse inventory source SOURCE``), which must be there."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    closing = f"[ERROR]: Completely failed to parse inventory source {source}"
+    assert closing in lines, stderr
+    return [line for line in lines if line != closing]
+
+
 def minimal_node_list(**overrides: Any) -> dict[str, Any]:
     data: dict[str, Any] = {
         "plugin": "gpufleet",

@@ -119,7 +119,7 @@ def test_malformed_lock_is_a_one_line_error(
          "inventory source; use a hidden name such as '.shards.lock'"),
         ({"shard_lock": ""}, "monitoring.shard_lock", "must be a non-empty string, got ''"),
         ({"rebalance_margin": -0.1}, "monitoring.rebalance_margin",
-         "must be a number >= 0.0, got -0.1"),
+         "must be a number in 0.0..64.0, got -0.1"),
     ],
 )  # fmt: skip
 def test_bad_lock_settings_are_errors(
