@@ -14,7 +14,23 @@ import subprocess
 from pathlib import Path
 
 from ansible.parsing.dataloader import DataLoader
-from ansible.template import Templar, trust_as_template
+from ansible.template import Templar
+
+try:
+    from ansible.template import trust_as_template
+
+    # ansible-core 2.19+ templates only trusted strings, as it loads role files.
+    TRUSTED_FILES = {"trusted_as_template": True}
+    TEXT_GUARD = ""
+except ImportError:  # ansible-core 2.18: every string is a template
+
+    def trust_as_template(value: str) -> str:
+        return value
+
+    TRUSTED_FILES = {}
+    # 2.18 turns a rendered file that reads as a literal (JSON, a list) into data, as
+    # the template module does not: a leading line that is no literal keeps it text.
+    TEXT_GUARD = "#gpufleet-render-guard\n"
 
 from gpufleet.inventory_json import plain
 
@@ -39,7 +55,7 @@ def role_variables(role: str) -> dict:
     for part in ("defaults", "vars"):
         path = ROLES / role / part / "main.yml"
         if path.exists():
-            out.update(loader.load_from_file(str(path), trusted_as_template=True) or {})
+            out.update(loader.load_from_file(str(path), **TRUSTED_FILES) or {})
     return out
 
 
@@ -64,7 +80,10 @@ def render(
     role: str, template: str, host: str, overrides: dict | None = None, inventory=None
 ) -> str:
     source = (ROLES / role / "templates" / template).read_text()
-    return templar(role, host, overrides, inventory).template(trust_as_template(source))
+    text = templar(role, host, overrides, inventory).template(
+        trust_as_template(TEXT_GUARD + source)
+    )
+    return text[len(TEXT_GUARD) :]
 
 
 def evaluate(role: str, expression: str, host: str, overrides: dict | None = None, inventory=None):

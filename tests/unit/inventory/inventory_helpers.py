@@ -48,13 +48,27 @@ def run_ansible_inventory(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def meaningful_error_lines(stderr: str, source: str) -> list[str]:
-    """stderr's non-blank lines, less Ansible's fixed closing line for a failed source
-    (``[ERROR]: Completely failed to parse inventory source SOURCE``), which must be there."""
+def assert_one_error(stderr: str, source: str, message: str) -> None:
+    """stderr holds gpufleet's message once and Ansible's fixed closing line for a failed
+    source, nothing else. ansible-core 2.19 prints ``[WARNING]: Failed to parse inventory
+    with 'gpufleet' plugin: MESSAGE`` and ``[ERROR]: Completely failed ...``; 2.18 prints
+    ``[WARNING]:  * Failed to parse SOURCE with gpufleet plugin: MESSAGE``, wrapped at 80
+    columns (so compared without whitespace), and ``ERROR! Completely failed ...``."""
     lines = [line for line in stderr.splitlines() if line.strip()]
-    closing = f"[ERROR]: Completely failed to parse inventory source {source}"
-    assert closing in lines, stderr
-    return [line for line in lines if line != closing]
+    closings = {
+        f"[ERROR]: Completely failed to parse inventory source {source}",
+        f"ERROR! Completely failed to parse inventory source {source}",
+    }
+    assert closings & set(lines), stderr
+    rest = [line for line in lines if line not in closings]
+    if rest and rest[0].startswith("[WARNING]:  * Failed to parse"):
+        squeeze = "".join
+        want = f"[WARNING]: * Failed to parse {source} with gpufleet plugin: {message}"
+        assert squeeze("".join(rest).split()) == squeeze(want.split()), stderr
+    else:
+        assert rest == [
+            f"[WARNING]: Failed to parse inventory with 'gpufleet' plugin: {message}"
+        ], stderr
 
 
 def minimal_node_list(**overrides: Any) -> dict[str, Any]:

@@ -1,0 +1,92 @@
+"""The test bed's pure parts: Debian suites, molecule platforms, release archives."""
+
+from __future__ import annotations
+
+import io
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "molecule" / "testbed"))
+
+import debian_suite  # noqa: E402
+import mirror  # noqa: E402
+import testbed  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("debian", "upstream"),
+    [
+        ("3.5.3+ds1-6", "3.5.3"),
+        ("0.33.1-5", "0.33.1"),
+        ("2:1.11.1-3", "1.11.1"),
+        ("24.11.5-4+deb13u1", "24.11.5"),
+        ("1.0~rc1-1", "1.0"),
+    ],
+)
+def test_upstream_version_drops_epoch_repack_and_revision(debian, upstream):
+    assert debian_suite.upstream_version(debian) == upstream
+
+
+def test_mirror_url_follows_the_machines_apt_sources(tmp_path):
+    (tmp_path / "sources.list.d").mkdir()
+    (tmp_path / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\nURIs: http://mirror.example.internal/debian\nSuites: bookworm\n"
+    )
+    assert debian_suite.mirror_url(tmp_path) == "http://mirror.example.internal/debian"
+    one_line = tmp_path / "one-line"
+    one_line.mkdir()
+    (one_line / "sources.list").write_text(
+        "deb [signed-by=/usr/share/keyrings/x.gpg] http://ftp.example.org/debian bookworm main\n"
+    )
+    assert debian_suite.mirror_url(one_line) == "http://ftp.example.org/debian"
+    assert debian_suite.mirror_url(tmp_path / "missing") == debian_suite.DEFAULT_MIRROR
+
+
+def test_an_unknown_suite_is_refused():
+    with pytest.raises(SystemExit, match="unknown suite"):
+        debian_suite.suite_dir("buster")
+    with pytest.raises(SystemExit, match="unknown suite"):
+        testbed.image_repo("focal")
+
+
+def test_each_suite_has_its_own_image_repository():
+    assert testbed.image_repo("bookworm") != testbed.image_repo("trixie")
+
+
+def test_platforms_carry_suite_and_podman_arguments():
+    hosts = testbed.parse_platforms(
+        '[{"name": "a", "address": "10.0.0.2"},'
+        ' {"name": "b", "address": "10.0.0.3", "suite": "trixie",'
+        '  "podman_args": ["--cgroupns=private"], "groups": ["x"]}]'
+    )
+    assert hosts == [
+        testbed.Host("a", "10.0.0.2", "bookworm", ()),
+        testbed.Host("b", "10.0.0.3", "trixie", ("--cgroupns=private",)),
+    ]
+    with pytest.raises(SystemExit, match="podman_args must be strings"):
+        testbed.parse_platforms('[{"name": "c", "address": "10.0.0.4", "podman_args": "x"}]')
+
+
+def test_every_scenario_names_a_known_suite():
+    """scripts/test builds the images the scenarios name; a typo must not slip through."""
+    seen = set()
+    for molecule_yml in sorted((ROOT / "molecule").glob("*/molecule.yml")):
+        for platform in (yaml.safe_load(molecule_yml.read_text()) or {}).get("platforms", []):
+            seen.add(platform.get("suite", testbed.DEFAULT_SUITE))
+    assert seen == set(testbed.SUITES)
+
+
+def test_release_archive_is_reproducible_and_release_shaped():
+    binaries = {"prometheus": b"\x7fELF-a", "promtool": b"\x7fELF-b"}
+    first = mirror.release_archive("prometheus", "3.5.3", "amd64", binaries)
+    assert first == mirror.release_archive("prometheus", "3.5.3", "amd64", dict(binaries))
+    with tarfile.open(fileobj=io.BytesIO(first)) as tar:
+        names = {m.name: m for m in tar.getmembers()}
+    top = "prometheus-3.5.3.linux-amd64"
+    assert set(names) == {f"{top}/prometheus", f"{top}/promtool", f"{top}/LICENSE"}
+    assert names[f"{top}/promtool"].mode == 0o755
