@@ -8,6 +8,11 @@ serve them the way an air-gapped site's mirror would (GitHub's paths under one r
     mirror.py release --root DIR --package prometheus-node-exporter \
         --binary usr/bin/prometheus-node-exporter --project prometheus/node_exporter \
         --name node_exporter [--tamper]       prints {"version", "arch", "sha256", "url_path"}
+    mirror.py release --root DIR --suite sid --project prometheus/prometheus --name prometheus \
+        --file prometheus:usr/bin/prometheus:prometheus --file promtool:usr/bin/promtool:promtool
+                                       several binaries, from packages of another Debian
+                                       suite (sid has Prometheus 3); the version is the
+                                       first package's upstream version
     mirror.py serve --root DIR --port N --pidfile F [--bind ADDR]
                                        start an HTTP server (default on loopback; a
                                        scenario's bridge address serves its test hosts)
@@ -23,7 +28,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -33,50 +37,69 @@ import time
 import urllib.request
 from pathlib import Path
 
+import debian_suite  # beside this file; scripts run from here find it first
 
-def debian_binary(package: str, member: str) -> tuple[bytes, str]:
-    """The file member of package's .deb and the upstream version of the package."""
+
+def debian_member(package: str, member: str, suite: str) -> tuple[bytes, str]:
+    """The file member of the suite's package (fetched and verified by apt) and the
+    package's upstream version."""
+    deb = debian_suite.fetch(package, suite)
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(
-            ["apt-get", "download", package], cwd=tmp, check=True, capture_output=True, timeout=300
-        )
-        deb = next(Path(tmp).glob("*.deb"))
-        subprocess.run(["dpkg-deb", "-x", str(deb), f"{tmp}/root"], check=True, timeout=120)
+        subprocess.run(["dpkg-deb", "-x", str(deb), tmp], check=True, timeout=120)
         version = subprocess.run(
             ["dpkg-deb", "-f", str(deb), "Version"], check=True, capture_output=True, text=True
         ).stdout.strip()
-        upstream = re.sub(r"^\d+:", "", version).split("+")[0].split("-")[0]
-        return (Path(tmp) / "root" / member).read_bytes(), upstream
+        return (Path(tmp) / member).read_bytes(), debian_suite.upstream_version(version)
 
 
-def release_archive(name: str, version: str, arch: str, binary: bytes) -> bytes:
+def release_archive(name: str, version: str, arch: str, binaries: dict[str, bytes]) -> bytes:
     """A .tar.gz laid out like a Prometheus project release."""
     top = f"{name}-{version}.linux-{arch}"
+    members = [(f"{top}/{member}", data, 0o755) for member, data in sorted(binaries.items())]
+    members.append((f"{top}/LICENSE", b"Apache License 2.0\n", 0o644))
     buffer = io.BytesIO()
-    # mtime=0 in the gzip header too: the same binary always makes the same archive.
+    # mtime=0 in the gzip header too: the same binaries always make the same archive.
     with (
         gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as gz,
         tarfile.open(fileobj=gz, mode="w") as tar,
     ):
-        for path, data, mode in (
-            (f"{top}/{name}", binary, 0o755),
-            (f"{top}/LICENSE", b"Apache License 2.0\n", 0o644),
-        ):
+        for path, data, mode in members:
             info = tarfile.TarInfo(path)
             info.size, info.mode, info.mtime = len(data), mode, 0
             tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
 
 
+def release_files(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """(package, member, name in the archive) of every binary the release holds."""
+    files = []
+    if args.package:
+        files.append((args.package, args.binary, args.name))
+    for spec in args.file or []:
+        parts = spec.split(":")
+        if len(parts) != 3:
+            raise SystemExit(f"mirror: --file wants PACKAGE:MEMBER:NAME, got {spec!r}")
+        files.append((parts[0], parts[1], parts[2]))
+    if not files:
+        raise SystemExit("mirror: release needs --package/--binary or --file")
+    return files
+
+
 def release(args: argparse.Namespace) -> None:
-    binary, version = debian_binary(args.package, args.binary)
+    binaries: dict[str, bytes] = {}
+    version = ""
+    for package, member, name in release_files(args):
+        data, package_version = debian_member(package, member, args.suite)
+        binaries[name] = data
+        version = version or package_version
     if args.tamper:
-        binary += b"\0tampered"
+        first = sorted(binaries)[0]
+        binaries[first] += b"\0tampered"
     arch = "amd64"
     url_path = (
         f"{args.project}/releases/download/v{version}/{args.name}-{version}.linux-{arch}.tar.gz"
     )
-    archive = release_archive(args.name, version, arch, binary)
+    archive = release_archive(args.name, version, arch, binaries)
     target = Path(args.root) / url_path
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(archive)
@@ -133,8 +156,10 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("release")
     p.add_argument("--root", required=True)
-    p.add_argument("--package", required=True)
-    p.add_argument("--binary", required=True)
+    p.add_argument("--suite", default="bookworm", choices=debian_suite.SUITES)
+    p.add_argument("--package", help="the package of a single-binary release")
+    p.add_argument("--binary", help="that binary's path in the package")
+    p.add_argument("--file", action="append", metavar="PACKAGE:MEMBER:NAME")
     p.add_argument("--project", required=True)
     p.add_argument("--name", required=True)
     p.add_argument("--tamper", action="store_true")

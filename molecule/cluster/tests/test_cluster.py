@@ -57,13 +57,17 @@ def group(name: str) -> set[str]:
     return set(inventory().get(name, {}).get("hosts", []))
 
 
+def instance_base(host: str, instance: dict) -> str:
+    port = 9090 if instance["mode"] != "shard" else 9091 + instance["shard"]
+    return f"http://{hostvar(host, 'ansible_host')}:{port}"
+
+
 def instance_url(mode: str, shard: int | None = None) -> str:
     """Base URL of the first instance of mode (and shard) the inventory placed."""
     for host in sorted(group("prometheus")):
         for instance in hostvar(host, "gpufleet_prometheus_instances"):
             if instance["mode"] == mode and (shard is None or instance["shard"] == shard):
-                port = 9090 if mode != "shard" else 9091 + shard
-                return f"http://{hostvar(host, 'ansible_host')}:{port}"
+                return instance_base(host, instance)
     raise AssertionError(f"no {mode} instance {shard} in the inventory")
 
 
@@ -79,6 +83,41 @@ def scraped_nodes(base: str, job: str = "node") -> dict[str, dict]:
 
 def host(name: str):
     return testinfra.get_host(f"ansible://{name}?ansible_inventory={MOLECULE_INVENTORY}")
+
+
+def major_minor(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+def binary_install(host: str, component: str) -> bool:
+    """True where the role's default upstream binary path ran (host_vars say package)."""
+    method = inventory()["_meta"]["hostvars"][host].get(f"{component}_install_method")
+    return plain(method or "binary") == "binary"
+
+
+def test_both_prometheus_majors_and_both_install_paths_run():
+    """cl-mon01 runs sid's releases through the roles' binary path (Prometheus 3,
+    Alertmanager 0.33+, node_exporter 1.11+; sid floats, so majors and floors are
+    checked, not exact versions); cl-mon02 runs Debian 13's packages (Prometheus 2)."""
+    majors = set()
+    for name in sorted(group("prometheus")):
+        for instance in hostvar(name, "gpufleet_prometheus_instances"):
+            base = instance_base(name, instance)
+            version = http_json(f"{base}/api/v1/status/buildinfo")["data"]["version"]
+            want = 3 if binary_install(name, "prometheus") else 2
+            assert major_minor(version)[0] == want, (name, instance, version)
+            majors.add(want)
+    assert majors == {2, 3}
+    for name in sorted(group("alertmanager")):
+        status = http_json(f"http://{hostvar(name, 'ansible_host')}:9093/api/v2/status")
+        floor = (0, 33) if binary_install(name, "alertmanager") else (0, 25)
+        assert major_minor(status["versionInfo"]["version"]) >= floor, (name, status)
+    for shard in (0, 1):
+        for sample in query(instance_url("shard", shard), "node_exporter_build_info"):
+            name = sample["metric"]["node"]
+            floor = (1, 11) if binary_install(name, "node_exporter") else (1, 5)
+            assert major_minor(sample["metric"]["version"]) >= floor, sample["metric"]
 
 
 @pytest.mark.parametrize("shard", [0, 1])
