@@ -224,6 +224,8 @@ def prometheus_state(base: str) -> tuple[str, str]:
 
 
 def site(*args: str, inventory_dir: Path = INVENTORY) -> subprocess.CompletedProcess:
+    """site.yml as an admin reruns it, with the mirror's release pins prepare.yml wrote."""
+    pins = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "upstream-releases.yml"
     return subprocess.run(
         [
             "ansible-playbook",
@@ -231,6 +233,8 @@ def site(*args: str, inventory_dir: Path = INVENTORY) -> subprocess.CompletedPro
             MOLECULE_INVENTORY,
             "-i",
             str(inventory_dir),
+            "-e",
+            f"@{pins}",
             str(REPO / "site.yml"),
             *args,
         ],
