@@ -1260,6 +1260,10 @@ def add_node_metrics(reg: Registry, rows: list[NodeRow]) -> None:
             state=row.state,
             reason=row.reason,
         )
+        # Slurm 24.11 keeps the last reason on a resumed node (22.05 cleared it): a
+        # drain reason is one only while the node cannot take jobs.
+        if not node_unavailable(row.state):
+            continue
         reg.gauge(
             "slurm_node_drain_reason_info",
             "Drain/down reason of a node; always 1",

@@ -407,3 +407,26 @@ def test_promtool_check_metrics(fixture_dir):
         name, _, msg = line.partition(" ")
         assert name in COMPAT_TOTAL_GAUGES and '"_total" suffix' in msg, line
     assert proc.returncode in (0, 3), out  # 3 = lint problems only, 1 = unparsable
+
+
+def test_a_resumed_node_keeps_its_reason_but_is_no_drain():
+    """Slurm 24.11 keeps the last reason on a node resumed from drain (seen live in molecule
+    slurm): sinfo shows it, so slurm_node_state_reason_info does, but a node that takes jobs
+    has no drain reason."""
+    base = fixture_runner("24.11")
+    kept = "gpufleet test: fan 3 failed | ticket #42"
+
+    def run(argv: list[str], timeout: float) -> exp.CommandResult:
+        result = base(argv, timeout)
+        if argv == exp.COMMANDS["sinfo_nodes"]:
+            lines = result.stdout.splitlines()
+            lines[-1] = lines[-1].rsplit("|", 2)[0] + f"|Unknown|{kept}"
+            return exp.CommandResult("\n".join(lines) + "\n", 0.01, None)
+        return result
+
+    m = metric_samples(exp.Collector(runner=run).collect().decode())
+    key = (
+        f'slurm_node_state_reason_info{{node="gpufleet-slurm-gpu2",reason="{kept}",state="mixed"}}'
+    )
+    assert m[key] == 1
+    assert not any(k.startswith("slurm_node_drain_") for k in m)
