@@ -17,7 +17,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from render_role import ROLES, evaluate, example_inventory, render, template_value
+from render_role import (
+    ROLES,
+    evaluate,
+    example_inventory,
+    render,
+    template_value,
+    trust_as_template,
+)
 from test_dashboards import PROMTOOL, known_metrics, metric_names
 
 ROLE = ROLES / "grafana"
@@ -195,6 +202,45 @@ def test_preflight_refuses_weak_or_default_passwords(password):
 
 def test_preflight_accepts_a_real_password():
     assert password_accepted("c0rrect-horse-battery")
+
+
+def control_check_refuses(**values) -> list[str]:
+    (task,) = [
+        t
+        for t in tasks("preflight.yml")
+        if t["name"] == "Check that no value of a line-based file holds a control character"
+    ]
+    check = {
+        name: {k: trust_as_template(v) for k, v in value.items()}
+        if isinstance(value, dict)
+        else trust_as_template(value)
+        for name, value in task["vars"].items()
+    }
+    return template_value(
+        "grafana", check["__grafana_control"], "mon03", {**SECRETS, **check, **values}
+    )
+
+
+def test_a_password_with_a_newline_would_add_lines_to_grafana_ini_and_is_refused():
+    injected = "c0rrect-horse-battery\n[auth.proxy]\nenabled = true\nheader_name = X-User"
+    # What preflight prevents: the password's next lines become settings of their own
+    # (here: whoever sends an X-User header is logged in as that user).
+    assert grafana_ini(grafana_admin_password=injected)["auth.proxy"]["enabled"] == "true"
+    assert control_check_refuses(grafana_admin_password=injected) == ["grafana_admin_password"]
+    for bad in ("x\ry", "x\x00y", "x\x1by"):
+        assert control_check_refuses(grafana_secret_key=bad * 8) == ["grafana_secret_key"]
+    assert control_check_refuses(grafana_ini={"smtp": {"password": "a\nb"}}) == ["grafana_ini"]
+    # Everything printable passes, backslashes and the quoting characters included.
+    assert control_check_refuses(grafana_admin_password='p@ss\\n"w;o#rd`$') == []
+    (task,) = [t for t in tasks("preflight.yml") if "control character" in t["name"]]
+    message = template_value(
+        "grafana",
+        trust_as_template(task["ansible.builtin.assert"]["fail_msg"]),
+        "mon03",
+        {"__grafana_control": ["grafana_admin_password"]},
+    )
+    assert message.startswith("grafana_admin_password must not contain control characters")
+    assert "\n" not in message and "no_log" not in task
 
 
 def test_preflight_refuses_a_missing_secret_key():
