@@ -72,7 +72,7 @@ class Scenario:
 INSTANCE = {"name": "shard-0", "mode": "shard", "shard": 0, "replica": 0}
 SCENARIOS = {
     "node_exporter": Scenario(
-        "node_exporter", "gpu001", {"__node_exporter_executable": "/usr/local/bin/node_exporter"}
+        "node_exporter", "gpu001", {"node_exporter_install_method": "binary"}
     ),
     "gpu_collector": Scenario("gpu_collector", "l40s01", {}),
     "gpu_collector_kmsg": Scenario("gpu_collector", "l40s01", {"gpu_collector_xid_source": "kmsg"}),
