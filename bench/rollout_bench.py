@@ -59,8 +59,14 @@ def group_vars(key: str) -> dict:
 
 
 def playbook(inventory: Path, *args: str) -> tuple[float, str]:
+    # Fresh hosts each run: facts cached from an earlier run (another suite's Python
+    # interpreter, say) must not leak in.
     env = dict(
-        os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1", LC_ALL="C.UTF-8"
+        os.environ,
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_CACHE_PLUGIN="memory",
+        LC_ALL="C.UTF-8",
     )
     started = time.monotonic()
     result = subprocess.run(
