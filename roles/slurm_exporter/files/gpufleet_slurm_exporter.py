@@ -2271,9 +2271,10 @@ class ExporterServer(socketserver.TCPServer):
         self._conns_lock = threading.Lock()
         super().__init__(address, handler)
 
-    def open_connections(self) -> int:
+    def open_connections(self, phase: str | None = None) -> int:
+        """Open connections, or only those in ``phase`` ("read" or "write")."""
         with self._conns_lock:
-            return len(self._conns)
+            return sum(1 for c in self._conns if phase is None or c.phase == phase)
 
     def _evict_oldest_reader(self) -> bool:
         readers = [c for c in self._conns if not c.evicted and c.phase == "read"]
