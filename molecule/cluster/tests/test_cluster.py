@@ -6,13 +6,16 @@ hosts over HTTP; hosts are reached with testinfra where a service must change.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from functools import cache
@@ -20,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import testinfra
+import yaml
 from testbed_helpers import eventually
 
 from gpufleet.inventory_json import plain
@@ -32,8 +36,29 @@ WEBHOOK_LOG = "/var/log/gpufleet-test-webhook.jsonl"
 SSH_ARGS = "-o UserKnownHostsFile=/dev/null -o StrictHostKeyChecking=no"
 
 
+EPHEMERAL = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"])
+
+
+@cache
+def web_access() -> dict:
+    """The TLS and basic auth settings prepare.yml gave Prometheus and Alertmanager."""
+    return yaml.safe_load((EPHEMERAL / "web-access.yml").read_text())
+
+
+def tls_context() -> ssl.SSLContext:
+    return ssl.create_default_context(cadata=web_access()["prometheus_tls_ca"])
+
+
+def login(service: str = "prometheus") -> str:
+    password = web_access()[f"{service}_basic_auth_users"]["gpufleet"]
+    return "Basic " + base64.b64encode(f"gpufleet:{password}".encode()).decode()
+
+
 def http_json(url: str, timeout: float = 10) -> dict:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
+    """GET a Prometheus or Alertmanager API over TLS, verified, with gpufleet's login."""
+    service = "alertmanager" if ":9093/" in url else "prometheus"
+    request = urllib.request.Request(url, headers={"Authorization": login(service)})
+    with urllib.request.urlopen(request, timeout=timeout, context=tls_context()) as response:
         return json.load(response)
 
 
@@ -59,7 +84,7 @@ def group(name: str) -> set[str]:
 
 def instance_base(host: str, instance: dict) -> str:
     port = 9090 if instance["mode"] != "shard" else 9091 + instance["shard"]
-    return f"http://{hostvar(host, 'ansible_host')}:{port}"
+    return f"https://{hostvar(host, 'ansible_host')}:{port}"
 
 
 def instance_url(mode: str, shard: int | None = None) -> str:
@@ -110,7 +135,7 @@ def test_both_prometheus_majors_and_both_install_paths_run():
             majors.add(want)
     assert majors == {2, 3}
     for name in sorted(group("alertmanager")):
-        status = http_json(f"http://{hostvar(name, 'ansible_host')}:9093/api/v2/status")
+        status = http_json(f"https://{hostvar(name, 'ansible_host')}:9093/api/v2/status")
         floor = (0, 33) if binary_install(name, "alertmanager") else (0, 25)
         assert major_minor(status["versionInfo"]["version"]) >= floor, (name, status)
     for shard in (0, 1):
@@ -216,6 +241,70 @@ def test_exporter_firewall_lets_only_the_prometheus_hosts_in():
     assert host("cl-cpu01").run(fetch).rc == 28, "cl-cpu01 reached cl-gpu01's node_exporter"
 
 
+def status_of(url: str, **headers: str) -> int:
+    """The HTTP status an anonymous (or differently logged-in) client gets."""
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=tls_context()) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def server_urls() -> list[str]:
+    urls = [
+        instance_base(name, instance)
+        for name in sorted(group("prometheus") | group("prometheus_global"))
+        for instance in hostvar(name, "gpufleet_prometheus_instances")
+    ]
+    for name in sorted(group("alertmanager")):
+        urls.append(f"https://{hostvar(name, 'ansible_host')}:9093")
+    return urls
+
+
+def test_prometheus_and_alertmanager_want_tls_and_a_login():
+    """Every instance and Alertmanager serves HTTPS with a certificate the CA verifies
+    (every other test reads them that way) and answers 401 without gpufleet's login."""
+    wrong = "Basic " + base64.b64encode(b"gpufleet:not-the-password").decode()
+    for url in server_urls():
+        assert status_of(f"{url}/-/ready") == 401, url
+        assert status_of(f"{url}/-/ready", Authorization=wrong) == 401, url
+        # Go answers plain HTTP on a TLS port "Client sent an HTTP request to an HTTPS server".
+        assert status_of(url.replace("https://", "http://") + "/-/ready") == 400, url
+
+
+def test_alertmanager_gossips_only_on_the_cluster_address():
+    for name in sorted(group("alertmanager")):
+        address = hostvar(name, "ansible_host")
+        sockets = host(name).run("ss -Hlntu '( sport = :9094 )'").stdout.split("\n")
+        local = sorted({line.split()[4] for line in sockets if line.strip()})
+        assert local == [f"{address}:9094"], (name, local)
+        status = http_json(f"https://{address}:9093/api/v2/status")["cluster"]
+        assert status["status"] == "ready", status
+        peers = sorted(peer["address"] for peer in status["peers"])
+        assert peers == sorted(f"{hostvar(n, 'ansible_host')}:9094" for n in group("alertmanager"))
+
+
+def reaches(source: str, address: str, port: int) -> bool:
+    """Whether a TCP connection from source's host to address:port opens (3 s)."""
+    result = host(source).run(f"timeout 3 bash -c '</dev/tcp/{address}/{port}'")
+    assert result.rc in (0, 1, 124), result.stderr  # 1: refused (nothing listens)
+    return result.rc == 0
+
+
+def test_firewall_gives_each_server_port_its_rightful_sources():
+    """Prometheus to the shards (federation) and Alertmanager; peers to gossip; the
+    controller (exporter_firewall_admin_sources) to the UIs; a GPU node to none."""
+    mon01, mon02 = (hostvar(n, "ansible_host") for n in ("cl-mon01", "cl-mon02"))
+    assert reaches("cl-mon01", mon02, 9092), "the global tier cannot federate shard 1"
+    assert reaches("cl-mon02", mon01, 9093), "a Prometheus cannot send alerts"
+    assert reaches("cl-mon02", mon01, 9094), "an Alertmanager peer cannot gossip"
+    for port in (9090, 9091, 9093, 9094):
+        assert not reaches("cl-gpu01", mon01, port), f"cl-gpu01 reached cl-mon01:{port}"
+    assert not reaches("cl-cpu01", mon02, 8428), "cl-cpu01 reached VictoriaMetrics"
+    assert reaches("cl-mon01", mon02, 8428), "the global tier cannot remote-write"
+
+
 def prometheus_state(base: str) -> tuple[str, str]:
     """(process start time, last successful reload time) of an instance."""
     start = query(base, 'process_start_time_seconds{job="prometheus"}')[0]["value"][1]
@@ -224,8 +313,7 @@ def prometheus_state(base: str) -> tuple[str, str]:
 
 
 def site(*args: str, inventory_dir: Path = INVENTORY) -> subprocess.CompletedProcess:
-    """site.yml as an admin reruns it, with the mirror's release pins prepare.yml wrote."""
-    pins = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "upstream-releases.yml"
+    """site.yml as an admin reruns it, with the release pins and web settings prepare.yml wrote."""
     return subprocess.run(
         [
             "ansible-playbook",
@@ -234,7 +322,9 @@ def site(*args: str, inventory_dir: Path = INVENTORY) -> subprocess.CompletedPro
             "-i",
             str(inventory_dir),
             "-e",
-            f"@{pins}",
+            f"@{EPHEMERAL / 'upstream-releases.yml'}",
+            "-e",
+            f"@{EPHEMERAL / 'web-access.yml'}",
             str(REPO / "site.yml"),
             *args,
         ],
