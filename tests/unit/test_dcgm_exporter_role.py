@@ -991,6 +991,9 @@ def start_script(shell: str, script: Path, map_dir: Path, job: str, gpus: str) -
         "GPUFLEET_DCGM_JOB_MAP_DIR": str(map_dir),
         "SLURM_JOB_ID": job,
         "SLURM_JOB_GPUS": gpus,
+        # 24 prologs queue on one lock: on a loaded machine the last waits longer than
+        # the 10 s default (test_busy_lock_never_fails_the_job covers that timeout).
+        "GPUFLEET_DCGM_JOB_MAP_LOCK_TIMEOUT": "120",
     }
     return subprocess.Popen(
         [shell, str(script)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE

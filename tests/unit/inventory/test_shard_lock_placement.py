@@ -277,6 +277,7 @@ def test_sticky_plan_for_10000_hosts_is_well_under_a_second() -> None:
     lock = plan_hosts(weights, 16)
     grown = {**weights, **new_rack(weights, "x", 64)}
     for shards in (16, 17):
-        start = time.perf_counter()
+        # CPU time of this thread: another process on a loaded machine does not count.
+        start = time.thread_time()
         sticky(grown, shards, lock, previous_shards=16)
-        assert time.perf_counter() - start < 1.0
+        assert time.thread_time() - start < 1.0

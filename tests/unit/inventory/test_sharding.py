@@ -250,6 +250,7 @@ def test_conflicting_pins_in_one_rack_are_an_error() -> None:
 
 def test_plan_for_10000_hosts_is_well_under_a_second() -> None:
     weights = synthetic_cluster(5, 10_000)
-    start = time.perf_counter()
+    # CPU time of this thread: another process on a loaded machine does not count.
+    start = time.thread_time()
     plan_hosts(weights, 16)
-    assert time.perf_counter() - start < 1.0
+    assert time.thread_time() - start < 1.0
