@@ -1831,6 +1831,7 @@ WEB_WRITE_TIMEOUT = 10.0
 MAX_REQUEST_HEAD = 16384  # bytes of request line and headers
 BCRYPT_MAX_PASSWORD = 72  # bytes; bcrypt >= 5 refuses longer passwords
 _POLL_SLICE = 0.25  # seconds a waiting connection thread sleeps between checks
+_EVICTION_WAIT = 2.0  # seconds to wait for evicted connections to close: a loaded host is slow
 
 
 class WebConfigError(ValueError):
@@ -2296,7 +2297,7 @@ class ExporterServer(socketserver.TCPServer):
     def process_request(self, request, client_address) -> None:
         # Evicted connections end within milliseconds; open descriptors stay below twice
         # the limit. Should a burst reach that, wait a moment for them instead of refusing.
-        give_up = time.monotonic() + 2 * _POLL_SLICE
+        give_up = time.monotonic() + _EVICTION_WAIT
         while True:
             with self._conns_lock:
                 if len(self._conns) < 2 * self.max_connections or time.monotonic() > give_up:

@@ -25,6 +25,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 from conftest import EXPORTER, FIXTURES, exp, write_fake_slurm
+from test_glue import start_exporter
 from test_web import client_context, get, hashed, pki, server_tls, write_config
 
 BODY = b"slurm_up 1\n"
@@ -61,11 +62,11 @@ def start(tmp_path) -> Iterator:
         server.server_close()
 
 
-def idle(port: int, count: int) -> list[socket.socket]:
+def idle(port: int, count: int, timeout: float = 5.0) -> list[socket.socket]:
     """``count`` connections that never send anything."""
     out = []
     for _ in range(count):
-        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
         out.append(s)
     return out
 
@@ -122,7 +123,8 @@ def test_a_slow_client_is_cut_at_the_read_deadline(start):
         s.sendall(b"GET /metrics HTTP/1.1\r\n")
         begin = time.monotonic()
         cut = False
-        while time.monotonic() - begin < 4:
+        # A byte arrives at least every 0.3 s: a timeout restarted on each read never cuts.
+        while time.monotonic() - begin < 10:
             try:
                 s.sendall(b"X")  # one header byte now and then: never a complete request
             except OSError:
@@ -131,7 +133,7 @@ def test_a_slow_client_is_cut_at_the_read_deadline(start):
             if closed_by_server(s, within=0.3):
                 cut = True
                 break
-        assert cut and time.monotonic() - begin < 2.5
+        assert cut and time.monotonic() - begin < 6
         assert get(f"{base}/metrics") == (200, BODY)
     finally:
         s.close()
@@ -190,24 +192,12 @@ def test_a_full_server_still_answers_what_it_has_read(start):
 def test_open_file_limit_of_the_exporter_process(tmp_path):
     """The reported setup: RLIMIT_NOFILE 128 and more idle connections than that."""
     bin_dir = write_fake_slurm(tmp_path / "bin", FIXTURES / "22.05")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
 
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(EXPORTER),
-            f"--listen-address=127.0.0.1:{port}",
-            f"--slurm-bin-dir={bin_dir}",
-            "--collect-interval=1",
-            "--web-read-timeout=2",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+    proc, port = start_exporter(
+        [f"--slurm-bin-dir={bin_dir}", "--collect-interval=1", "--web-read-timeout=2"],
         preexec_fn=limit,
     )
     conns: list[socket.socket] = []
@@ -216,10 +206,10 @@ def test_open_file_limit_of_the_exporter_process(tmp_path):
         assert wait_for(lambda: _up(url), timeout=20)
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
-        conns = idle(port, 200)
+        conns = idle(port, 200, timeout=15)
         for _ in range(5):
             code, body, took = timed_get(url)
-            assert code == 200 and b"slurm_up 1" in body and took < 3.0
+            assert code == 200 and b"slurm_up 1" in body and took < 8
     finally:
         for s in conns:
             s.close()
