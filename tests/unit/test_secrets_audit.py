@@ -376,10 +376,9 @@ KNOWN = {
     ),
     ("grafana", "tasks/api.yml: Reset the admin password to the one in the inventory"),
     ("grafana", "handlers/main.yml: Reload Grafana datasources"),
-    ("node_exporter", "tasks/configure.yml: Install the TLS key"),
-    ("node_exporter", "tasks/configure.yml: Write the web configuration (TLS and basic auth)"),
-    ("dcgm_exporter", "tasks/configure.yml: Install the TLS key"),
-    ("dcgm_exporter", "tasks/configure.yml: Write the web configuration (TLS and basic auth)"),
+    # The exporters', Prometheus' and Alertmanager's web configuration and TLS key.
+    ("web_config", "tasks/main.yml: Install the TLS key"),
+    ("web_config", "tasks/main.yml: Write the web configuration (TLS and basic auth)"),
     ("slurm_exporter", "tasks/configure.yml: Install the TLS key"),
     ("slurm_exporter", "tasks/configure.yml: Write the web configuration (TLS and basic auth)"),
 }
@@ -396,7 +395,8 @@ def test_the_audit_leaves_tasks_without_secrets_alone(roles):
         ("prometheus", "tasks/instance.yml: Write the unit of {{ _instance.name }}"),
         ("prometheus", "tasks/instance.yml: Write the scrape targets of {{ _instance.name }}"),
         ("node_exporter", "tasks/configure.yml: Write the systemd unit"),
-        ("node_exporter", "tasks/configure.yml: Install the TLS certificate"),
+        ("web_config", "tasks/main.yml: Install the TLS certificate"),
+        ("web_config", "tasks/main.yml: Install the TLS client CA"),
         ("slurm_exporter", "tasks/configure.yml: Remove TLS files no longer wanted"),
         (
             "grafana",
