@@ -367,6 +367,17 @@ def nft_allowed() -> bool:
     return bool(shutil.which("nft")) and os.geteuid() == 0
 
 
+def loaded_in_a_namespace(script: str) -> list[dict]:
+    """`nft -j` output of script, run in a throwaway network namespace."""
+    run = subprocess.run(
+        ["unshare", "--net", "sh", "-c", script], capture_output=True, text=True, timeout=60
+    )
+    if "Operation not permitted" in run.stderr:
+        pytest.skip("no permission to create a network namespace here")
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)["nftables"]
+
+
 @pytest.mark.skipif(not nft_allowed(), reason="needs nft and root")
 @pytest.mark.parametrize("action", ["drop", "reject"])
 def test_rendered_rules_pass_nft_in_a_private_network_namespace(
@@ -377,13 +388,7 @@ def test_rendered_rules_pass_nft_in_a_private_network_namespace(
     # Loaded twice in a throwaway namespace: the second load replaces the first (the
     # reload), and the host's own ruleset is never touched.
     script = f"nft -f {path} && nft -f {path} && nft -j list table inet gpufleet_exporters"
-    run = subprocess.run(
-        ["unshare", "--net", "sh", "-c", script], capture_output=True, text=True, timeout=60
-    )
-    if "Operation not permitted" in run.stderr:
-        pytest.skip("no permission to create a network namespace here")
-    assert run.returncode == 0, run.stderr
-    listed = json.loads(run.stdout)["nftables"]
+    listed = loaded_in_a_namespace(script)
     sets = {item["set"]["name"]: item["set"].get("elem", []) for item in listed if "set" in item}
     assert sets["exporter_ports"] == [9100, 9400]
     assert sets["allowed_ipv4"] == ["10.1.9.1", "10.1.9.2"]
@@ -670,13 +675,7 @@ def test_rendered_server_rules_pass_nft(action: str, tmp_path: Path) -> None:
         )
     )
     script = f"nft -c -f {path} && nft -f {path} && nft -j list table inet gpufleet_exporters"
-    run = subprocess.run(
-        ["unshare", "--net", "sh", "-c", script], capture_output=True, text=True, timeout=60
-    )
-    if "Operation not permitted" in run.stderr:
-        pytest.skip("no permission to create a network namespace here")
-    assert run.returncode == 0, run.stderr
-    listed = json.loads(run.stdout)["nftables"]
+    listed = loaded_in_a_namespace(script)
     sets = {item["set"]["name"]: item["set"].get("elem", []) for item in listed if "set" in item}
     assert sets["prometheus_ports"] == [9090, 9091, 9092]
     assert sets["alertmanager_gossip_udp_ports"] == [9094]

@@ -164,6 +164,13 @@ def test_hosts_that_disagree_are_refused_by_name(pki, change):
 # What the servers serve ---------------------------------------------------------------
 
 
+def assert_promtool_accepts(what: str, path: Path, *flags: str) -> None:
+    check = subprocess.run(
+        [PROMTOOL, "check", what, *flags, path], capture_output=True, text=True, timeout=60
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
 def web_config(pki: dict, directory: Path, **values) -> str:
     overrides = {
         "web_config_dir": str(directory),
@@ -185,13 +192,7 @@ def test_the_web_config_passes_promtool_and_holds_only_bcrypt_hashes(pki, tmp_pa
     assert doc["tls_server_config"]["cert_file"] == f"{tmp_path}/tls.crt"
     assert bcrypt.checkpw(PASSWORD.encode(), doc["basic_auth_users"]["gpufleet"].encode())
     (tmp_path / "web-config.yml").write_text(text)
-    check = subprocess.run(
-        [PROMTOOL, "check", "web-config", tmp_path / "web-config.yml"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert check.returncode == 0, check.stdout + check.stderr
+    assert_promtool_accepts("web-config", tmp_path / "web-config.yml")
     assert web_config(pki, tmp_path) == text, "a rerun renders the same hashes"
 
 
@@ -200,13 +201,7 @@ def test_an_empty_web_config_serves_plain_http_and_passes_promtool(tmp_path):
     text = render("web_config", "web-config.yml.j2", "mon01", {"web_config_dir": str(tmp_path)})
     assert yaml.safe_load(text) is None
     (tmp_path / "web-config.yml").write_text(text)
-    check = subprocess.run(
-        [PROMTOOL, "check", "web-config", tmp_path / "web-config.yml"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert check.returncode == 0, check.stdout + check.stderr
+    assert_promtool_accepts("web-config", tmp_path / "web-config.yml")
 
 
 @pytest.mark.parametrize(
@@ -284,13 +279,7 @@ def test_the_secured_global_config_passes_promtool(pki, tmp_path):
     for name in ("self", "shards", "alertmanager"):
         (tmp_path / f"{name}-ca.crt").write_text(pki["ca.crt"])
     (tmp_path / "prometheus.yml").write_text(text)
-    check = subprocess.run(
-        [PROMTOOL, "check", "config", "--syntax-only", tmp_path / "prometheus.yml"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert check.returncode == 0, check.stdout + check.stderr
+    assert_promtool_accepts("config", tmp_path / "prometheus.yml", "--syntax-only")
 
 
 def test_the_unit_serves_the_web_config_and_names_the_tls_state(pki):
