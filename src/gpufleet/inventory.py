@@ -196,6 +196,9 @@ def build_inventory(node_list: NodeList) -> InventoryPlan:
             "gpufleet_shards": monitoring.shards,
             "gpufleet_replicas": monitoring.replicas,
             "gpufleet_sharding": monitoring.sharding,
+            # What every running GPU job can hold at once: the Slurm exporter's per-job
+            # series caps follow it (a (job, node) pair or a GPU index holds >= 1 GPU).
+            "gpufleet_cluster_gpus": sum(host.gpu_count for host in node_list.hosts),
         }
     }
     return InventoryPlan(

@@ -89,3 +89,15 @@ def test_the_check_refuses_a_certificate_it_cannot_load(tmp_path):
 def test_the_unit_always_names_the_web_config():
     unit = render(ROLE, "gpufleet-slurm-exporter.service.j2", HOST)
     assert "--web-config-file /etc/gpufleet/slurm-exporter/web-config.json" in unit
+
+
+@pytest.mark.parametrize(("gpus", "job_series", "index_series"), [
+    (None, 5000, 40000),  # no gpufleet inventory
+    (304, 5000, 40000),  # the example cluster
+    (10_000 * 8, 80_000, 80_000),  # 10,000 8-GPU nodes: every (job, node) pair fits
+])  # fmt: skip
+def test_job_series_caps_follow_the_clusters_gpus(gpus, job_series, index_series):
+    overrides = {} if gpus is None else {"gpufleet_cluster_gpus": gpus}
+    unit = render(ROLE, "gpufleet-slurm-exporter.service.j2", HOST, overrides).split()
+    assert unit[unit.index("--max-job-series") + 1] == str(job_series)
+    assert unit[unit.index("--max-gpu-index-series") + 1] == str(index_series)

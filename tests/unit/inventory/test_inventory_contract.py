@@ -55,6 +55,7 @@ def test_group_all_vars() -> None:
             "gpufleet_shards": 2,
             "gpufleet_replicas": 2,
             "gpufleet_sharding": "balanced",
+            "gpufleet_cluster_gpus": 4 * 8,
         }
     }
 
