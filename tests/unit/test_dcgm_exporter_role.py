@@ -238,10 +238,20 @@ RENDER_PLAYBOOK = """
         - dcgm-counters.csv
         - dcgm-exporter.service
         - dcgm-exporter-container.service
-        - web-config.yml
         - cuda.sources
         - cuda.repo
         - gpufleet-dcgm-exporter.tmpfiles
+
+    - name: Render the web configuration as the role does (through web_config)
+      ansible.builtin.template:
+        src: "{{ templates }}/../../web_config/templates/web-config.yml.j2"
+        dest: "{{ out }}/{{ inventory_hostname }}/web-config.yml"
+        mode: "0644"
+      vars:
+        web_config_dir: "{{ _dcgm_exporter_config_dir }}"
+        web_config_tls_cert: "{{ dcgm_exporter_tls_cert }}"
+        web_config_tls_client_ca: "{{ dcgm_exporter_tls_client_ca }}"
+        web_config_basic_auth_users: "{{ dcgm_exporter_basic_auth_users }}"
 
     - name: Render the prolog and the epilog as the role does
       ansible.builtin.template:
