@@ -84,6 +84,47 @@ def gpufleet_shard_targets(prometheus_hosts: list[str], hostvars, port_base: int
     return sorted(groups, key=lambda g: (int(g["labels"]["shard"]), g["labels"]["replica"]))
 
 
+# --- the Slurm exporter's per-shard scrapes (roles/slurm_exporter, roles/prometheus) --------
+
+# The inventory plugin's shard plan: group prometheus_shard_K holds the hosts shard K scrapes.
+_SHARD_GROUP = re.compile(r"prometheus_shard_([0-9]{1,6})")
+
+
+def _shard_groups(groups: Mapping[str, Any]) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = {}
+    for name, hosts in dict(groups).items():
+        match = _SHARD_GROUP.fullmatch(str(name))
+        if match:
+            out[int(match.group(1))] = sorted({str(h) for h in hosts or []})
+    return out
+
+
+def gpufleet_node_shards(groups: Mapping[str, Any]) -> dict:
+    """The Slurm exporter's node map: {"shards": {"K": [hosts shard K scrapes]}}.
+
+    From the same groups that give each shard its node targets (tasks/instance.yml of the
+    prometheus role), so the exporter never derives the sharding itself. Node names are
+    inventory names, the `node` label of every target and of the Slurm series.
+    """
+    return {"shards": {str(k): hosts for k, hosts in sorted(_shard_groups(groups).items())}}
+
+
+def gpufleet_slurm_params(instance: Mapping[str, Any], groups: Mapping[str, Any]) -> dict:
+    """Scrape params of the slurm job of one Prometheus instance.
+
+    A shard asks for its own nodes (shard=K); the lowest shard also for the cluster-level
+    series (cluster=1): the queue, partitions, users, accounts, scheduler, exporter health
+    and nodes no shard owns. Standalone (and anything else) asks for everything: {}.
+    """
+    if instance.get("mode") != "shard":
+        return {}
+    shard = int(instance["shard"])
+    params = {"shard": [str(shard)]}
+    if shard <= min(_shard_groups(groups), default=shard):
+        params["cluster"] = ["1"]
+    return params
+
+
 # --- the opt-in firewall (roles/exporter_firewall) -----------------------------------------
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -285,6 +326,8 @@ class FilterModule:
             "gpufleet_targets": gpufleet_targets,
             "gpufleet_prometheus_port": gpufleet_prometheus_port,
             "gpufleet_shard_targets": gpufleet_shard_targets,
+            "gpufleet_node_shards": gpufleet_node_shards,
+            "gpufleet_slurm_params": gpufleet_slurm_params,
             "gpufleet_firewall_sources": gpufleet_firewall_sources,
             "gpufleet_firewall_rules": gpufleet_firewall_rules,
         }

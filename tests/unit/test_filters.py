@@ -1,4 +1,4 @@
-"""The bcrypt filter used for exporter basic auth."""
+"""The bcrypt filter used for exporter basic auth; the Slurm exporter's shard filters."""
 
 from __future__ import annotations
 
@@ -10,7 +10,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "filter"))
 
-from gpufleet_filters import bcrypt_salt, gpufleet_bcrypt
+from gpufleet_filters import (
+    bcrypt_salt,
+    gpufleet_bcrypt,
+    gpufleet_node_shards,
+    gpufleet_slurm_params,
+)
 
 
 def test_hash_verifies_and_is_stable_per_seed() -> None:
@@ -27,3 +32,40 @@ def test_salt_differs_between_hosts_and_users() -> None:
 def test_empty_password_is_refused() -> None:
     with pytest.raises(ValueError, match="empty password"):
         gpufleet_bcrypt("", "seed")
+
+
+GROUPS = {
+    "all": ["a", "b", "c", "mon"],
+    "prometheus": ["mon"],
+    "prometheus_shard_0": ["b", "a"],
+    "prometheus_shard_1": ["c"],
+    "prometheus_shard_10": [],
+    "prometheus_shard_x": ["mon"],  # not a shard group
+    "prometheus_global": ["mon"],
+}
+
+
+def test_the_node_map_is_the_shard_groups() -> None:
+    assert gpufleet_node_shards(GROUPS) == {"shards": {"0": ["a", "b"], "1": ["c"], "10": []}}
+    assert gpufleet_node_shards({"all": ["a"]}) == {"shards": {}}
+
+
+@pytest.mark.parametrize(
+    ("instance", "params"),
+    [
+        ({"mode": "shard", "shard": 0}, {"shard": ["0"], "cluster": ["1"]}),
+        ({"mode": "shard", "shard": 1}, {"shard": ["1"]}),
+        ({"mode": "shard", "shard": 10}, {"shard": ["10"]}),
+        ({"mode": "standalone", "shard": None}, {}),
+        ({"mode": "global", "shard": None}, {}),
+    ],
+)
+def test_exactly_the_lowest_shard_asks_for_the_cluster_part(instance, params) -> None:
+    assert gpufleet_slurm_params(instance, GROUPS) == params
+
+
+def test_a_shard_without_shard_groups_still_gets_the_cluster_part() -> None:
+    assert gpufleet_slurm_params({"mode": "shard", "shard": 3}, {"all": []}) == {
+        "shard": ["3"],
+        "cluster": ["1"],
+    }

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from ansible.plugins.loader import filter_loader
-from render_role import ROLES, ROOT, example_inventory, render
+from render_role import ROLES, ROOT, example_inventory, render, template_value
 
 filter_loader.add_directory(str(ROOT / "plugins" / "filter"))
 
@@ -27,15 +27,27 @@ OWN_METRIC = re.compile(r"\b(?:prometheus|process)_[a-z_]+\b")
 INSTANCES = {
     "global": {"name": "global", "mode": "global", "shard": None, "replica": 0},
     "shard": {"name": "shard-0", "mode": "shard", "shard": 0, "replica": 0},
+    "shard-1": {"name": "shard-1", "mode": "shard", "shard": 1, "replica": 1},
+    "standalone": {"name": "standalone", "mode": "standalone", "shard": None, "replica": 0},
 }
 
 
-def config(mode: str) -> dict:
+def config(mode: str, overrides: dict | None = None) -> dict:
     groups, _ = example_inventory()
     host = groups["prometheus_global" if mode == "global" else "prometheus"][0]
     return yaml.safe_load(
-        render("prometheus", "prometheus.yml.j2", host, {"_instance": INSTANCES[mode]})
+        render(
+            "prometheus",
+            "prometheus.yml.j2",
+            host,
+            {"_instance": INSTANCES[mode], **(overrides or {})},
+        )
     )
+
+
+def slurm_job(mode: str, overrides: dict | None = None) -> dict | None:
+    jobs = [j for j in config(mode, overrides)["scrape_configs"] if j["job_name"] == "slurm"]
+    return jobs[0] if jobs else None
 
 
 def kept() -> re.Pattern:
@@ -86,6 +98,57 @@ def test_only_the_global_tier_scrapes_the_shards():
 def test_the_global_config_passes_promtool(tmp_path: Path):
     path = tmp_path / "prometheus.yml"
     path.write_text(yaml.safe_dump(config("global")))
+    result = subprocess.run(
+        ["promtool", "check", "config", "--syntax-only", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- the Slurm exporter: each shard asks for its own nodes' series ---------------------
+
+
+def test_each_shard_asks_the_slurm_exporter_for_its_own_nodes():
+    shard0, shard1 = slurm_job("shard"), slurm_job("shard-1")
+    # The lowest shard also gets the cluster-level series; exactly one shard does.
+    assert shard0["params"] == {"shard": ["0"], "cluster": ["1"]}
+    assert shard1["params"] == {"shard": ["1"]}
+    assert shard0["honor_labels"] is True and shard1["honor_labels"] is True
+
+
+def test_standalone_gets_every_slurm_series_and_the_global_tier_none():
+    job = slurm_job("standalone")
+    assert job is not None and "params" not in job
+    assert slurm_job("global") is None
+
+
+def test_the_shard_ids_are_the_ones_of_the_node_map():
+    """The node map the slurm_exporter role writes names every shard a config asks for."""
+    groups, _ = example_inventory()
+    content = template_value(
+        "slurm_exporter", "{{ groups | gpufleet_node_shards | to_json }}", "slurmctl01"
+    )
+    shards = json.loads(content)["shards"]
+    assert set(shards) == {"0", "1"}
+    # Each shard's map entry is exactly the hosts it scrapes (its node targets).
+    for shard, hosts in shards.items():
+        assert hosts == sorted(groups[f"prometheus_shard_{shard}"])
+    asked = {slurm_job(mode)["params"]["shard"][0] for mode in ("shard", "shard-1")}
+    assert asked == set(shards)
+
+
+def test_user_slurm_job_settings_still_apply():
+    job = slurm_job("shard-1", {"prometheus_job_settings": {"slurm": {"scheme": "https"}}})
+    assert job["scheme"] == "https" and job["params"] == {"shard": ["1"]}
+
+
+@pytest.mark.skipif(not shutil.which("promtool"), reason="promtool not installed")
+@pytest.mark.parametrize("mode", ["shard", "shard-1", "standalone"])
+def test_the_shard_and_standalone_configs_pass_promtool(tmp_path: Path, mode):
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config(mode)))
     result = subprocess.run(
         ["promtool", "check", "config", "--syntax-only", str(path)],
         capture_output=True,

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import bcrypt
 import pytest
+import yaml
 from ansible.plugins.loader import filter_loader
-from render_role import ROOT, render
+from render_role import ROOT, example_inventory, render, template_value
 
 filter_loader.add_directory(str(ROOT / "plugins" / "filter"))
 
@@ -101,3 +102,63 @@ def test_job_series_caps_follow_the_clusters_gpus(gpus, job_series, index_series
     unit = render(ROLE, "gpufleet-slurm-exporter.service.j2", HOST, overrides).split()
     assert unit[unit.index("--max-job-series") + 1] == str(job_series)
     assert unit[unit.index("--max-gpu-index-series") + 1] == str(index_series)
+
+
+# --- the node map: which Prometheus shard scrapes which node ------------------------------
+
+TASKS = ROOT / "roles" / ROLE / "tasks" / "configure.yml"
+
+
+def node_map_task() -> dict:
+    tasks = yaml.safe_load(TASKS.read_text())
+    (task,) = [t for t in tasks if "node map" in t["name"]]
+    return task["ansible.builtin.copy"]
+
+
+def node_map(inventory=None) -> dict:
+    content = template_value(ROLE, node_map_task()["content"], HOST, inventory=inventory)
+    return json.loads(content)
+
+
+def test_the_node_map_is_the_inventory_plugins_shard_plan(tmp_path):
+    groups, hostvars = example_inventory()
+    doc = node_map()
+    assert set(doc["shards"]) == {"0", "1"}
+    for shard, hosts in doc["shards"].items():
+        assert hosts == sorted(groups[f"prometheus_shard_{shard}"])
+        assert all(hostvars[h]["gpufleet_shard"] == int(shard) for h in hosts)
+    assert sorted(h for hosts in doc["shards"].values() for h in hosts) == sorted(hostvars)
+    # What the role validates the file with accepts it.
+    path = tmp_path / "node-shards.json"
+    path.write_text(json.dumps(doc))
+    result = subprocess.run(
+        [sys.executable, str(EXPORTER), "--check-node-map", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    task = node_map_task()
+    assert task["dest"] == "{{ _slurm_exporter_node_map }}"
+    assert "--check-node-map %s" in task["validate"]
+
+
+def test_a_hostile_host_name_never_reaches_the_exporter_unchecked(tmp_path):
+    groups, hostvars = example_inventory()
+    groups = {**groups, "prometheus_shard_1": [*groups["prometheus_shard_1"], 'x" ,"y\nz']}
+    doc = node_map((groups, hostvars))
+    assert 'x" ,"y\nz' in doc["shards"]["1"]  # JSON-quoted, one name
+    path = tmp_path / "node-shards.json"
+    path.write_text(json.dumps(doc))
+    result = subprocess.run(
+        [sys.executable, str(EXPORTER), "--check-node-map", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "invalid node name" in result.stderr
+
+
+def test_the_unit_names_the_node_map():
+    unit = render(ROLE, "gpufleet-slurm-exporter.service.j2", HOST)
+    assert "--node-map-file /etc/gpufleet/slurm-exporter/node-shards.json" in unit

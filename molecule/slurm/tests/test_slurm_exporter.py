@@ -520,6 +520,44 @@ def test_tls_and_basic_auth_switch_on_and_off_without_a_restart(host, tmp_path):
     assert main_pid(host) == pid
 
 
+def test_each_shard_gets_its_own_nodes_from_the_node_map(host):
+    """/metrics?shard=k serves the nodes the node map gives shard k, no process restart.
+
+    This scenario has no Prometheus shards: the role writes an empty map. A two-shard map
+    is put in its place (as a rebalanced inventory would), then the role's is restored.
+    """
+    path = "/etc/gpufleet/slurm-exporter/node-shards.json"
+    node_map = host.file(path)
+    assert (node_map.mode, node_map.user, node_map.group) == (0o640, "root", USER)
+    assert json.loads(node_map.content_string) == {"shards": {}}
+    pid = main_pid(host)
+    two = json.dumps({"shards": {"0": [NODES[0]], "1": [NODES[1]]}})
+    try:
+        host.check_output(f"printf '%s' {shlex.quote(two)} > {path}")
+        # Reread at the next collection.
+        deadline = time.monotonic() + 4 * INTERVAL
+        while value(metrics(host), "slurm_exporter_node_map_shards") != 2:
+            assert time.monotonic() < deadline, "the changed node map was not reread"
+            time.sleep(1)
+        whole = metrics(host)
+        shard0 = metrics(host, shlex.quote(URL + "?shard=0"))
+        shard1 = metrics(host, shlex.quote(URL + "?cluster=1&shard=1"))
+        node_of = re.compile(r'node="([^"]*)"')
+        assert set(node_of.findall(shard0)) == {NODES[0]}
+        assert set(node_of.findall(shard1)) == {NODES[1]}
+        assert value(shard0, "slurm_up") is None and value(shard1, "slurm_up") == 1
+        assert value(whole, "slurm_exporter_unmapped_nodes") == 0
+        assert len(shard0) < len(whole) and len(shard1) < len(whole)
+        code = "curl -sS --max-time 2 -o /dev/null -w '%{http_code}' "
+        assert host.check_output(code + shlex.quote(URL + "?shard=7")) == "404"
+        assert host.check_output(code + shlex.quote(URL + "?node=x")) == "400"
+    finally:
+        result = converge_exporter()
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert json.loads(host.file(path).content_string) == {"shards": {}}
+    assert main_pid(host) == pid
+
+
 def test_keeps_serving_with_slurmctld_down(host, jobs):
     pid = main_pid(host)
     stopped = float(host.check_output("systemctl stop slurmctld && date +%s.%N"))

@@ -5,7 +5,9 @@ Standard library only (runs on the Slurm controller's system python3). Slurm is 
 its commands (sinfo, squeue, scontrol, sdiag, sshare) in a background thread every
 ``--collect-interval`` seconds, each command bounded by ``--command-timeout`` (its whole
 process group is killed on timeout). A scrape of ``/metrics`` only serves the latest
-snapshot, so a hung slurmctld never blocks a scrape.
+snapshot, so a hung slurmctld never blocks a scrape. A Prometheus shard asks for its own
+nodes only (``/metrics?shard=K``, nodes from ``--node-map-file``); one shard also for the
+cluster-level series (``&cluster=1``); no query serves everything.
 
 Metric names follow SckyzO/slurm_exporter (which kept the vpenso names) so existing Slurm
 dashboards work; the additions (per-job GPU allocation and indices, node reasons, exporter
@@ -1586,6 +1588,182 @@ def build_families(
 
 
 # ---------------------------------------------------------------------------------------
+# Per-shard selection (pure): which series the scrape of one Prometheus shard gets
+# ---------------------------------------------------------------------------------------
+
+# A sharded site scrapes /metrics?shard=K (the series of the nodes the node map gives to
+# shard K) and exactly one shard adds cluster=1 (every series without a node label, and
+# the nodes no shard owns). /metrics without a query serves everything (standalone).
+# Shard ids are the inventory plugin's (0, 1, ...); the map is written by the
+# slurm_exporter role from the same plan that picks each shard's node targets.
+SHARD_ID = re.compile(r"[0-9]{1,6}")
+MAX_NODE_MAP_BYTES = 32 * 1024 * 1024
+MAX_NODE_MAP_SHARDS = 4096
+MAX_NODE_MAP_NODES = MAX_HOSTS_PER_SCRAPE
+MAX_NODE_NAME = 255
+# Key of the cluster-level part in split_families(): series without a node label, and
+# those of nodes the map gives to no shard (so nothing is lost).
+CLUSTER_PART = ""
+
+
+class NodeMapError(ValueError):
+    """The node map file is unreadable or not in the expected shape."""
+
+
+@dataclass(frozen=True)
+class NodeMapData:
+    """One version of the node map: node -> shard id, and every shard id it names."""
+
+    node_shard: Mapping[str, str] = field(default_factory=dict)
+    shards: frozenset[str] = frozenset()
+
+
+def _valid_node_name(name: object) -> bool:
+    return (
+        isinstance(name, str)
+        and 0 < len(name) <= MAX_NODE_NAME
+        and name.isprintable()
+        and not any(c.isspace() for c in name)
+    )
+
+
+def parse_node_map(text: str) -> NodeMapData:
+    """``{"shards": {"0": ["gpu001", ...], "1": [...]}}`` -> NodeMapData.
+
+    Bounded: at most MAX_NODE_MAP_SHARDS shard ids (digits) and MAX_NODE_MAP_NODES node
+    names of at most MAX_NODE_NAME printable characters; a node in two shards is an error.
+    """
+    if len(text) > MAX_NODE_MAP_BYTES:
+        raise NodeMapError(f"larger than {MAX_NODE_MAP_BYTES} bytes")
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise NodeMapError(f"not JSON: {exc}") from None
+    if not isinstance(doc, dict) or set(doc) != {"shards"}:
+        raise NodeMapError('expected an object with the one key "shards"')
+    shards = doc["shards"]
+    if not isinstance(shards, dict):
+        raise NodeMapError('"shards" must map shard ids to lists of node names')
+    if len(shards) > MAX_NODE_MAP_SHARDS:
+        raise NodeMapError(f"more than {MAX_NODE_MAP_SHARDS} shards")
+    node_shard: dict[str, str] = {}
+    total = 0
+    for shard, nodes in shards.items():
+        if not SHARD_ID.fullmatch(shard):
+            raise NodeMapError(f"shard id {shard[:40]!r} is not 1 to 6 digits")
+        if not isinstance(nodes, list):
+            raise NodeMapError(f"shard {shard}: expected a list of node names")
+        total += len(nodes)
+        if total > MAX_NODE_MAP_NODES:
+            raise NodeMapError(f"more than {MAX_NODE_MAP_NODES} nodes")
+        for node in nodes:
+            if not _valid_node_name(node):
+                raise NodeMapError(f"shard {shard}: invalid node name {str(node)[:40]!r}")
+            other = node_shard.setdefault(node, shard)
+            if other != shard:
+                raise NodeMapError(f"node {node!r} is in shards {other} and {shard}")
+    return NodeMapData(node_shard, frozenset(shards))
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What one scrape asks for: the nodes of one shard, the cluster-level part, or both."""
+
+    shard: str | None = None
+    cluster: bool = False
+
+
+def parse_selection(query: str) -> Selection | None:
+    """A /metrics query string -> Selection, or None (everything) when it is empty.
+
+    Only ``shard=<digits>`` and ``cluster=0|1``, each at most once; anything else is a
+    ValueError (answered 400).
+    """
+    if not query:
+        return None
+    if len(query) > 256:
+        raise ValueError("query too long")
+    seen: dict[str, str] = {}
+    for part in query.split("&"):
+        key, sep, value = part.partition("=")
+        if not sep or key not in ("shard", "cluster"):
+            raise ValueError("the only parameters are shard=<id> and cluster=0|1")
+        if key in seen:
+            raise ValueError(f"{key} given twice")
+        seen[key] = value
+    shard = seen.get("shard")
+    if shard is not None and not SHARD_ID.fullmatch(shard):
+        raise ValueError("shard must be 1 to 6 digits")
+    cluster = seen.get("cluster", "0")
+    if cluster not in ("0", "1"):
+        raise ValueError("cluster must be 0 or 1")
+    if shard is None and cluster == "0":
+        raise ValueError("select a shard, the cluster part (cluster=1), or both")
+    return Selection(shard=shard, cluster=cluster == "1")
+
+
+def _node_of(labels: Labels) -> str | None:
+    for key, value in labels:
+        if key == "node":
+            return value
+    return None
+
+
+Parts = dict[str, dict[str, dict[Labels, float]]]  # part -> family name -> samples
+
+
+def split_families(families: Iterable[Family], node_shard: Mapping[str, str]) -> Parts:
+    """Samples by part: a shard id for a node the map places, else CLUSTER_PART. O(samples)."""
+    parts: Parts = {}
+    for fam in families:
+        for labels, value in fam.samples.items():
+            node = _node_of(labels)
+            part = CLUSTER_PART if node is None else node_shard.get(node, CLUSTER_PART)
+            parts.setdefault(part, {}).setdefault(fam.name, {})[labels] = value
+    return parts
+
+
+def assemble(families: Iterable[Family], parts: Parts, selection: Selection) -> list[Family]:
+    """The families of one selection, in the order of ``families``; empty ones left out."""
+    wanted = []
+    if selection.shard is not None:
+        wanted.append(parts.get(selection.shard, {}))
+    if selection.cluster:
+        wanted.append(parts.get(CLUSTER_PART, {}))
+    out = []
+    for fam in families:
+        samples: dict[Labels, float] = {}
+        for part in wanted:
+            samples.update(part.get(fam.name, {}))
+        if samples:
+            out.append(Family(fam.name, fam.type, fam.help, samples))
+    return out
+
+
+def select_families(
+    families: list[Family], node_shard: Mapping[str, str], selection: Selection
+) -> list[Family]:
+    """The families one scrape gets (split_families + assemble)."""
+    return assemble(families, split_families(families, node_shard), selection)
+
+
+def node_map_families(data: NodeMapData, families: Iterable[Family]) -> list[Family]:
+    """Cluster-level gauges about the node map: its shards, and Slurm nodes it leaves out."""
+    reg = Registry()
+    reg.gauge("slurm_exporter_node_map_shards", "Shards the node map names", len(data.shards))
+    slurm_nodes: set[str] = set()
+    for fam in families:
+        if fam.name == "slurm_node_status":
+            slurm_nodes.update(n for n in map(_node_of, fam.samples) if n is not None)
+    reg.gauge(
+        "slurm_exporter_unmapped_nodes",
+        "Slurm nodes the node map gives to no shard (served with the cluster-level part)",
+        len(slurm_nodes - data.node_shard.keys()),
+    )
+    return list(reg.families.values())
+
+
+# ---------------------------------------------------------------------------------------
 # Glue: running commands, the collector thread, the HTTP server
 # ---------------------------------------------------------------------------------------
 
@@ -1662,6 +1840,7 @@ class Collector:
         commands: Mapping[str, list[str]] | None = None,
         job_source: str = "auto",
         max_gpu_index_series: int = DEFAULT_MAX_GPU_INDEX_SERIES,
+        node_map: NodeMap | None = None,
     ) -> None:
         if job_source not in JOB_SOURCES:
             raise ValueError(f"job source must be one of {JOB_SOURCES}")
@@ -1691,9 +1870,20 @@ class Collector:
         self.last_collect: float | None = None
         self.collect_duration = 0.0
         self._lock = threading.Lock()
-        self._snapshot = render(
-            build_families(self.status, time.time(), max_stale, max_job_series, 0, None, 0.0)[0]
-        ).encode()
+        self.node_map = node_map
+        families = build_families(
+            self.status, time.time(), max_stale, max_job_series, 0, None, 0.0
+        )[0]
+        self._snapshot = b""
+        # What per-shard scrapes are cut from (None: no node map, only the whole snapshot),
+        # and their bodies, rendered on first request, for this snapshot only.
+        self._families: list[Family] = families
+        self._parts: Parts | None = None
+        self._shards: frozenset[str] = frozenset()
+        self._generation = 0
+        self._selected: dict[Selection, bytes] = {}
+        self._selected_bytes = 0
+        self._publish(families)
 
     def job_source_now(self) -> str:
         """The job source of the next collection: json or text."""
@@ -1789,17 +1979,62 @@ class Collector:
             )
             self.dropped_total += dropped
             self.index_dropped_total += index_dropped
-            body = render(families).encode()
+            return self._publish(families)
         except Exception:
             LOG.exception("building metrics failed")
             body = b"# building metrics failed\nslurm_up 0\n"
+            failed = Family("slurm_up", "gauge", "Slurm exporter failure", {(): 0.0})
+            with self._lock:
+                self._snapshot = body
+                self._families, self._parts = [failed], {CLUSTER_PART: {"slurm_up": {(): 0.0}}}
+                self._generation += 1
+                self._selected, self._selected_bytes = {}, 0
+            return body
+
+    def _publish(self, families: list[Family]) -> bytes:
+        """Store one snapshot: the whole body, and its parts by shard when a map is set."""
+        parts: Parts | None = None
+        shards: frozenset[str] = frozenset()
+        if self.node_map is not None:
+            data = self.node_map.current()
+            families = families + node_map_families(data, families)
+            parts = split_families(families, data.node_shard)
+            shards = data.shards
+        body = render(families).encode()
         with self._lock:
             self._snapshot = body
+            self._families, self._parts, self._shards = families, parts, shards
+            self._generation += 1
+            self._selected, self._selected_bytes = {}, 0
         return body
 
     def snapshot(self) -> bytes:
         with self._lock:
             return self._snapshot
+
+    def snapshot_for(self, selection: Selection) -> bytes:
+        """The part of the latest snapshot one scrape asks for (parse_selection).
+
+        UnknownShard when no node map is set or it does not name the shard. Bodies are
+        kept for the rest of the snapshot (an HA pair asks twice) within a byte budget of
+        twice the whole snapshot; beyond it they are rendered per request.
+        """
+        with self._lock:
+            body = self._selected.get(selection)
+            if body is not None:
+                return body
+            families, parts, shards = self._families, self._parts, self._shards
+            generation, budget = self._generation, 2 * len(self._snapshot) + (1 << 20)
+        if parts is None:
+            raise UnknownShard("no node map is set (--node-map-file)")
+        if selection.shard is not None and selection.shard not in shards:
+            raise UnknownShard(f"the node map names no shard {selection.shard}")
+        body = render(assemble(families, parts, selection)).encode()
+        with self._lock:
+            if self._generation == generation and self._selected_bytes + len(body) <= budget:
+                self._selected[selection] = body
+                self._selected_bytes += len(body)
+        return body
 
     def loop(self, interval: float, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -1828,6 +2063,49 @@ MAX_REQUEST_HEAD = 16384  # bytes of request line and headers
 BCRYPT_MAX_PASSWORD = 72  # bytes; bcrypt >= 5 refuses longer passwords
 _POLL_SLICE = 0.25  # seconds a waiting connection thread sleeps between checks
 _EVICTION_WAIT = 2.0  # seconds to wait for evicted connections to close: a loaded host is slow
+
+
+class UnknownShard(LookupError):
+    """A scrape asked for a shard the node map does not name (answered 404)."""
+
+
+class NodeMap:
+    """The node map file (--node-map-file), reread at each collection when it changed.
+
+    A changed file that does not load keeps the last good map (and is logged); at start
+    it is an error.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._stamp: tuple | None = None
+        self._data = NodeMapData()
+        self._load()
+
+    def _stamp_now(self) -> tuple:
+        return WebConfig._stamp_of([str(self.path)])
+
+    def _load(self) -> None:
+        stamp = self._stamp_now()
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read(MAX_NODE_MAP_BYTES + 1)
+            data = parse_node_map(raw.decode("utf-8"))
+        except (OSError, UnicodeDecodeError, NodeMapError) as exc:
+            raise NodeMapError(f"{self.path}: {exc}") from None
+        self._data, self._stamp = data, stamp
+
+    def current(self) -> NodeMapData:
+        with self._lock:
+            if self._stamp_now() != self._stamp:
+                try:
+                    self._load()
+                    LOG.info("node map %s reloaded", self.path)
+                except NodeMapError as exc:
+                    self._stamp = self._stamp_now()  # log once per change
+                    LOG.error("keeping the previous node map: %s", exc)
+            return self._data
 
 
 class WebConfigError(ValueError):
@@ -2188,9 +2466,22 @@ def make_handler(
                 self.end_headers()
                 self.wfile.write(b"Unauthorized\n")
                 return
-            path = self.path.split("?", 1)[0]
+            path, _, query = self.path.partition("?")
             if path == "/metrics":
-                self._send(200, "text/plain; version=0.0.4; charset=utf-8", collector.snapshot())
+                try:
+                    selection = parse_selection(query)
+                    body = (
+                        collector.snapshot()
+                        if selection is None
+                        else collector.snapshot_for(selection)
+                    )
+                except ValueError as exc:
+                    self._send(400, "text/plain; charset=utf-8", f"{exc}\n".encode())
+                    return
+                except UnknownShard as exc:
+                    self._send(404, "text/plain; charset=utf-8", f"{exc}\n".encode())
+                    return
+                self._send(200, "text/plain; version=0.0.4; charset=utf-8", body)
             elif path == "/":
                 self._send(200, "text/html; charset=utf-8", INDEX_HTML)
             else:
@@ -2427,6 +2718,18 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="only check that FILE loads as a web config (exit 0) or say why not (exit 2)",
     )
+    p.add_argument(
+        "--node-map-file",
+        default=None,
+        help='JSON {"shards": {"0": [node, ...], ...}}: which Prometheus shard owns which'
+        " node, for /metrics?shard=K[&cluster=1]; reread when it changes",
+    )
+    p.add_argument(
+        "--check-node-map",
+        metavar="FILE",
+        default=None,
+        help="only check that FILE loads as a node map (exit 0) or say why not (exit 2)",
+    )
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--version", action="version", version=__version__)
     args = p.parse_args(argv)
@@ -2437,9 +2740,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"web config: {exc}", file=sys.stderr)
             return 2
         return 0
+    if args.check_node_map is not None:
+        try:
+            NodeMap(args.check_node_map)
+        except NodeMapError as exc:
+            print(f"node map: {exc}", file=sys.stderr)
+            return 2
+        return 0
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    try:
+        node_map = NodeMap(args.node_map_file) if args.node_map_file else None
+    except NodeMapError as exc:
+        LOG.error("node map: %s", exc)
+        return 2
     collector = Collector(
         command_timeout=args.command_timeout,
         max_job_series=args.max_job_series,
@@ -2447,6 +2762,7 @@ def main(argv: list[str] | None = None) -> int:
         bin_dir=args.slurm_bin_dir,
         job_source=args.job_source,
         max_gpu_index_series=args.max_gpu_index_series,
+        node_map=node_map,
     )
     stop = threading.Event()
     thread = threading.Thread(
