@@ -82,6 +82,10 @@ def plan_report(node_list: NodeList) -> dict[str, Any]:
         "sharding": monitoring.sharding,
         "max_imbalance": monitoring.max_imbalance,
         "imbalance": round(imbalance(row["series"] for row in rows), 4),
+        "max_series_per_shard": monitoring.max_series_per_shard,
+        "over_budget": [
+            row["shard"] for row in rows if row["series"] > monitoring.max_series_per_shard
+        ],
         "shard_table": rows,
         "lock": lock_summary(node_list, shard_of),
         "assignment": shard_of,
@@ -139,8 +143,23 @@ def format_plan(report: dict[str, Any]) -> str:
         "",
         f"imbalance: {report['imbalance']:.3f} (heaviest shard / mean; limit "
         f"{report['max_imbalance']:.2f}, {verdict})",
+        *format_budget_lines(report),
     ]
     return "\n".join(lines)
+
+
+def format_budget_lines(report: dict[str, Any]) -> list[str]:
+    """One line per shard whose estimate passes ``monitoring.max_series_per_shard``."""
+    budget = report["max_series_per_shard"]
+    heaviest = max((row["series"] for row in report["shard_table"]), default=0)
+    lines = [f"series budget per shard: {budget:,} (heaviest shard {heaviest / budget:.0%})"]
+    for shard in report["over_budget"]:
+        series = report["shard_table"][shard]["series"]
+        lines.append(
+            f"WARNING: shard {shard} expects {series:,} series, over the budget of {budget:,} "
+            "(monitoring.max_series_per_shard): add shards, or raise the budget for bigger servers"
+        )
+    return lines
 
 
 def diff_report(old: NodeList, new: NodeList) -> dict[str, Any]:

@@ -199,6 +199,8 @@ def build_inventory(node_list: NodeList) -> InventoryPlan:
             # What every running GPU job can hold at once: the Slurm exporter's per-job
             # series caps follow it (a (job, node) pair or a GPU index holds >= 1 GPU).
             "gpufleet_cluster_gpus": sum(host.gpu_count for host in node_list.hosts),
+            # The head series one Prometheus may hold (PrometheusSeriesNearBudget at 80 %).
+            "gpufleet_max_series_per_shard": monitoring.max_series_per_shard,
         }
     }
     return InventoryPlan(

@@ -36,6 +36,7 @@ from gpufleet.limits import (
 )
 from gpufleet.sharding import DEFAULT_MAX_IMBALANCE, DEFAULT_REBALANCE_MARGIN
 from gpufleet.shardlock import LockError, ShardLock, parse_lock
+from gpufleet.sizing import DEFAULT_CPUS, DEFAULT_MAX_SERIES_PER_SHARD, estimate_series
 
 PLUGIN_NAME = "gpufleet"
 NODE_LIST_SUFFIXES = (".gpufleet.yml", ".gpufleet.yaml")  # the files the plugin claims
@@ -66,6 +67,7 @@ MONITORING_KEYS = (
     "rebalance_margin",
     "pin",
     "shard_lock",
+    "max_series_per_shard",
     *MONITORING_HOST_KEYS,
 )
 SLURM_KEYS = ("controller_hosts", "conf", "node_defaults")
@@ -77,12 +79,6 @@ SHARDING_MODES = ("balanced", "rack")
 # Labels Prometheus or gpufleet set themselves; a user label must not shadow them.
 RESERVED_LABELS = ("cluster", "rack", "partition", "gpu_model", "job", "instance")
 
-# Series estimate (see docs/inventory.md): node_exporter ~30 per logical CPU plus ~1,000
-# for NICs, disks, filesystems; dcgm-exporter ~25 per GPU, the smi textfile ~20.
-BASE_SERIES = 1000
-SERIES_PER_CPU = 30
-SERIES_PER_GPU = {"dcgm": 25, "smi": 20}
-DEFAULT_CPUS = 64
 
 _LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _NAME_TOKEN_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -139,6 +135,7 @@ class Monitoring:
     rebalance_margin: float = DEFAULT_REBALANCE_MARGIN
     pin: Mapping[str, int] = field(default_factory=dict)
     shard_lock: str = ""  # the lock file's path (relative to the node list resolved), or ""
+    max_series_per_shard: int = DEFAULT_MAX_SERIES_PER_SHARD
     prometheus_hosts: tuple[str, ...] = ()
     global_hosts: tuple[str, ...] = ()
     alertmanager_hosts: tuple[str, ...] = ()
@@ -442,10 +439,6 @@ def has_placeholder(pattern: str) -> bool:
     return bool(AddressTemplate.parse(pattern).fields)
 
 
-def estimate_series(cpus: int, gpu_count: int, collector: str) -> int:
-    return BASE_SERIES + SERIES_PER_CPU * cpus + SERIES_PER_GPU.get(collector, 0) * gpu_count
-
-
 @dataclass
 class EntrySpec:
     """One validated entry before it is split into hosts."""
@@ -687,6 +680,12 @@ def parse_monitoring(check: Checker, raw: Any, file: str, host_count: int) -> Mo
         0.0,
         MAX_REBALANCE_MARGIN,
     )
+    max_series_per_shard = check.integer(
+        monitoring.get("max_series_per_shard", DEFAULT_MAX_SERIES_PER_SHARD),
+        "monitoring.max_series_per_shard",
+        1,
+        MAX_EXPECTED_SERIES,
+    )
     pins: dict[str, int] = {}
     for expression, shard in check.mapping(monitoring.get("pin", {}), "monitoring.pin").items():
         key_path = f"monitoring.pin.{key_text(expression)}"
@@ -722,6 +721,7 @@ def parse_monitoring(check: Checker, raw: Any, file: str, host_count: int) -> Mo
         rebalance_margin=rebalance_margin,
         pin=pins,
         shard_lock=lock_path(check, monitoring, file),
+        max_series_per_shard=max_series_per_shard,
         **host_lists,
     )
 

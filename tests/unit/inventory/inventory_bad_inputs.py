@@ -362,6 +362,18 @@ BAD_CASES = [
         "must be a number in 1.0..64.0, got inf",
     ),
     BadCase(
+        "max-series-per-shard-zero",
+        edit("monitoring.max_series_per_shard", 0),
+        "monitoring.max_series_per_shard",
+        "must be an integer >= 1, got 0",
+    ),
+    BadCase(
+        "max-series-per-shard-text",
+        edit("monitoring.max_series_per_shard", "5M"),
+        "monitoring.max_series_per_shard",
+        "must be an integer >= 1, got '5M'",
+    ),
+    BadCase(
         "hosts-over-the-node-list-limit",
         both(
             add_entry("nodes", {"hosts": "a[1-60000]"}),

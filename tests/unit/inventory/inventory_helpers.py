@@ -115,7 +115,7 @@ def synthetic_cluster(seed: int, min_hosts: int = 1000) -> dict[str, int]:
     Racks of 8..64 hosts; 0, 4 or 8 GPUs; 32..256 threads; series from the same formula
     the node list uses, so weights vary about 6x between the lightest and heaviest host.
     """
-    from gpufleet.nodelist import estimate_series
+    from gpufleet.sizing import estimate_series
 
     rnd = random.Random(seed)
     weights: dict[str, int] = {}

@@ -40,6 +40,31 @@ def test_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["imbalance"] <= 1.05
 
 
+def test_plan_reports_the_series_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main(capsys, "plan", str(EXAMPLE))
+    assert code == 0
+    assert "series budget per shard: 6,800,000 (heaviest shard " in out
+    assert "WARNING" not in out
+
+
+def test_plan_warns_for_each_shard_over_the_budget(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    data = minimal_node_list()
+    data["monitoring"]["max_series_per_shard"] = 1000
+    path = write_node_list(tmp_path, data)
+    code, out, _ = run_main(capsys, "plan", str(path))
+    assert code == 0  # a warning: the plan is still valid
+    warnings = [line for line in out.splitlines() if line.startswith("WARNING")]
+    assert len(warnings) == 2, out
+    assert warnings[0].startswith("WARNING: shard 0 expects ")
+    assert "over the budget of 1,000 (monitoring.max_series_per_shard)" in warnings[0]
+    assert max(len(line) for line in out.splitlines() if not line.startswith("WARNING")) <= 80
+    _, out, _ = run_main(capsys, "plan", str(path), "--json")
+    report = json.loads(out)
+    assert report["over_budget"] == [0, 1] and report["max_series_per_shard"] == 1000
+
+
 def test_plan_shards_override(capsys: pytest.CaptureFixture[str]) -> None:
     _, out, _ = run_main(capsys, "plan", str(EXAMPLE), "--shards", "4", "--json")
     assert len(json.loads(out)["shard_table"]) == 4

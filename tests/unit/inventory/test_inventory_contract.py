@@ -9,6 +9,7 @@ from inventory_helpers import minimal_node_list
 
 from gpufleet.inventory import build_inventory, group_name, prometheus_instances
 from gpufleet.nodelist import Monitoring, NodeListError, parse_node_list
+from gpufleet.sizing import DEFAULT_MAX_SERIES_PER_SHARD, estimate_series
 
 
 def build(data: dict[str, Any]):
@@ -30,7 +31,7 @@ def test_every_host_gets_the_contract_variables() -> None:
         "gpufleet_gpu_count": 8,
         "gpufleet_gpu_collector": "dcgm",
         "gpufleet_cpus": 224,
-        "gpufleet_expected_series": 1000 + 30 * 224 + 25 * 8,
+        "gpufleet_expected_series": estimate_series(224, 8, "dcgm"),
         "gpufleet_target_labels": {
             "cluster": "test",
             "rack": "r01",
@@ -56,6 +57,7 @@ def test_group_all_vars() -> None:
             "gpufleet_replicas": 2,
             "gpufleet_sharding": "balanced",
             "gpufleet_cluster_gpus": 4 * 8,
+            "gpufleet_max_series_per_shard": DEFAULT_MAX_SERIES_PER_SHARD,
         }
     }
 

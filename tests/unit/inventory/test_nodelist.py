@@ -12,7 +12,6 @@ from inventory_helpers import minimal_node_list, write_node_list
 from gpufleet.nodelist import (
     NodeListError,
     address_problem,
-    estimate_series,
     load_node_list,
     parse_node_list,
     render_address,
@@ -92,11 +91,6 @@ def test_num_placeholder_needs_a_number() -> None:
 @pytest.mark.parametrize("address", ["10.0.0.256", "1.2.3", "-bad.example", "a b"])
 def test_address_problem_flags_invalid_addresses(address: str) -> None:
     assert address_problem(address)
-
-
-def test_estimate_series() -> None:
-    assert estimate_series(64, 0, "") == 1000 + 30 * 64
-    assert estimate_series(128, 4, "smi") == 1000 + 30 * 128 + 20 * 4
 
 
 def test_expected_series_override_and_default_cpus() -> None:

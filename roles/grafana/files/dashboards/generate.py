@@ -22,6 +22,8 @@ import re
 import sys
 from pathlib import Path
 
+from gpufleet.sizing import DEFAULT_MAX_SERIES_PER_SHARD
+
 HERE = Path(__file__).resolve().parent
 SCHEMA_VERSION = 42  # Grafana 12.2 - 13.x classic dashboard model
 PROM = {"type": "prometheus", "uid": "${datasource}"}
@@ -881,8 +883,8 @@ def slurm_jobs() -> dict:
         "Slurm jobs",
         "GPU allocation and utilization per job, user, account and partition; the queue "
         "with pending reasons; node states. The GPU totals, queue and node-state panels read "
-        "the Slurm exporter itself: on a sharded site pick any shard datasource (every shard "
-        "scrapes it); the global tier holds the per-job, user and account rollups.",
+        "the Slurm exporter's cluster-wide series: on a sharded site pick the global tier "
+        "(it federates them, and holds the per-job, user and account rollups).",
         [
             row("GPUs"),
             [
@@ -1230,7 +1232,8 @@ def monitoring_health() -> dict:
                         ],
                         overrides=[dashed("B", "red")],
                         desc="Active series per Prometheus; the red line is the series_capacity "
-                        "variable (what one shard is sized for).",
+                        "variable: gpufleet's default series budget per shard "
+                        "(monitoring.max_series_per_shard; PrometheusSeriesNearBudget at 80 %).",
                     ),
                     12,
                     8,
@@ -1448,9 +1451,12 @@ def monitoring_health() -> dict:
                 "name": "series_capacity",
                 "label": "Series per shard (capacity)",
                 "type": "constant",
-                "query": "3000000",
+                "query": str(DEFAULT_MAX_SERIES_PER_SHARD),
                 "hide": 2,
-                "current": {"text": "3000000", "value": "3000000"},
+                "current": {
+                    "text": str(DEFAULT_MAX_SERIES_PER_SHARD),
+                    "value": str(DEFAULT_MAX_SERIES_PER_SHARD),
+                },
             },
         ],
         tags=["meta"],

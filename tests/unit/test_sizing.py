@@ -1,0 +1,97 @@
+"""The series estimate is calibrated: its exporter terms match the payload recorded from
+the test bed's real node_exporter and GPU collector (bench/payloads/) within 10 %, and its
+recorded terms count the rules that write one series per node, GPU node or GPU."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpufleet import sizing
+
+ROOT = Path(__file__).resolve().parents[2]
+PAYLOAD = ROOT / "bench" / "payloads" / "gpu-node-h100x8.prom"
+RULES = ROOT / "roles" / "prometheus" / "files" / "rules"
+
+# Rules that write a series only while something happens (an active clock-event reason,
+# an XID): a healthy GPU costs none.
+SPARSE_RECORDS = {
+    "gpu:clock_event_reason_active:max",
+    "gpu:xid_errors:rate5m",
+    "gpu:dcgm_xid_errors_last:info",
+    "node:gpu_xid_errors:sum_rate5m",
+    "node:gpu_clock_event_reason_active:sum",
+}
+
+
+def payload_series() -> list[str]:
+    lines = PAYLOAD.read_text(encoding="utf-8").splitlines()
+    return [line for line in lines if line.strip() and not line.startswith("#")]
+
+
+def payload_shape() -> dict:
+    return json.loads(PAYLOAD.with_suffix(".json").read_text())
+
+
+def records(file: str, prefix: str) -> set[str]:
+    groups = yaml.safe_load((RULES / file).read_text())["groups"]
+    names = {rule["record"] for group in groups for rule in group["rules"] if "record" in rule}
+    return {name for name in names if name.startswith(prefix)} - SPARSE_RECORDS
+
+
+def within(estimate: float, measured: float, tolerance: float = 0.10) -> bool:
+    return abs(estimate - measured) <= tolerance * measured
+
+
+def test_exporter_estimate_matches_the_recorded_payload() -> None:
+    shape = payload_shape()
+    measured = len(payload_series()) + sizing.SERIES_PER_TARGET
+    estimate = sizing.exporter_series(shape["cpus"], shape["gpus"], "smi")
+    assert within(estimate, measured), (estimate, measured)
+
+
+@pytest.mark.parametrize(
+    "label,per_unit,count_key",
+    [
+        ("cpu", sizing.NODE_EXPORTER_SERIES_PER_CPU, "cpus"),
+        ("gpu", sizing.COLLECTOR_SERIES_PER_GPU["smi"], "gpus"),
+    ],
+)
+def test_per_cpu_and_per_gpu_terms_match_the_payload(
+    label: str, per_unit: int, count_key: str
+) -> None:
+    pattern = re.compile(rf'[{{,]{label}="\d+"')
+    repeated = sum(1 for line in payload_series() if pattern.search(line))
+    assert within(per_unit, repeated / payload_shape()[count_key]), (per_unit, repeated)
+
+
+def test_recorded_terms_count_the_dense_rules() -> None:
+    assert len(records("gpufleet-gpu.rules.yml", "gpu:")) == sizing.RECORDED_SERIES_PER_GPU
+    node_gpu = records("gpufleet-gpu.rules.yml", "node:")
+    assert len(node_gpu) == sizing.RECORDED_SERIES_PER_GPU_NODE
+    node = records("gpufleet-node.rules.yml", "node:") | {"node_partition:membership:info"}
+    assert len(node) == sizing.RECORDED_SERIES_PER_NODE
+
+
+def test_dcgm_term_is_one_series_per_default_counter() -> None:
+    defaults = yaml.safe_load((ROOT / "roles/dcgm_exporter/defaults/main.yml").read_text())
+    assert defaults["dcgm_exporter_profiling"] is False
+    assert sizing.COLLECTOR_SERIES_PER_GPU["dcgm"] == len(defaults["dcgm_exporter_counters"])
+
+
+def test_default_budget_is_half_the_reference_server() -> None:
+    head = sizing.DEFAULT_MAX_SERIES_PER_SHARD * sizing.BYTES_PER_HEAD_SERIES
+    assert within(head, sizing.REFERENCE_SERVER_BYTES * sizing.HEAD_SHARE_OF_MEMORY, 0.02)
+
+
+def test_estimate_adds_what_rules_record() -> None:
+    assert sizing.estimate_series(64, 0, "") == sizing.exporter_series(64, 0, "") + 10
+    h100 = sizing.estimate_series(224, 8, "smi")
+    assert h100 == sizing.exporter_series(224, 8, "smi") + sizing.recorded_series(8)
+    assert sizing.exporter_series(8, 8, "dcgm") - sizing.exporter_series(8, 0, "") == (
+        40 * 8 + sizing.SERIES_PER_TARGET
+    )
