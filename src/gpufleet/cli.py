@@ -31,6 +31,7 @@ from gpufleet.nodelist import (
 )
 from gpufleet.sharding import diff_assignments, imbalance
 from gpufleet.shardlock import format_lock
+from gpufleet.sizing import MAX_GPUS_PER_SHARD
 
 EXIT_OK = 0
 EXIT_INVALID = 2
@@ -86,6 +87,7 @@ def plan_report(node_list: NodeList) -> dict[str, Any]:
         "over_budget": [
             row["shard"] for row in rows if row["series"] > monitoring.max_series_per_shard
         ],
+        "over_gpu_limit": [row["shard"] for row in rows if row["gpus"] > MAX_GPUS_PER_SHARD],
         "shard_table": rows,
         "lock": lock_summary(node_list, shard_of),
         "assignment": shard_of,
@@ -158,6 +160,12 @@ def format_budget_lines(report: dict[str, Any]) -> list[str]:
         lines.append(
             f"WARNING: shard {shard} expects {series:,} series, over the budget of {budget:,} "
             "(monitoring.max_series_per_shard): add shards, or raise the budget for bigger servers"
+        )
+    for shard in report["over_gpu_limit"]:
+        gpus = report["shard_table"][shard]["gpus"]
+        lines.append(
+            f"WARNING: shard {shard} holds {gpus:,} GPUs, over the {MAX_GPUS_PER_SHARD:,} whose "
+            "rules evaluate within half the 15 s interval (docs/prometheus.md): add shards"
         )
     return lines
 

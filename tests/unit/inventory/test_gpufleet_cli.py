@@ -65,6 +65,23 @@ def test_plan_warns_for_each_shard_over_the_budget(
     assert report["over_budget"] == [0, 1] and report["max_series_per_shard"] == 1000
 
 
+def test_plan_warns_for_a_shard_with_more_gpus_than_its_rules_evaluate_in_time(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    data = minimal_node_list()
+    data["monitoring"]["shards"] = 1
+    del data["monitoring"]["global_hosts"]
+    data["nodes"][0]["hosts"] = "gpu[0001-3001]"
+    del data["nodes"][0]["address"]  # host names are addresses too
+    path = write_node_list(tmp_path, data)
+    code, out, _ = run_main(capsys, "plan", str(path))
+    assert code == 0
+    (warning,) = [line for line in out.splitlines() if line.startswith("WARNING: shard 0 holds")]
+    assert warning.startswith("WARNING: shard 0 holds 24,008 GPUs, over the 24,000 whose rules")
+    _, out, _ = run_main(capsys, "plan", str(path), "--json")
+    assert json.loads(out)["over_gpu_limit"] == [0]
+
+
 def test_plan_shards_override(capsys: pytest.CaptureFixture[str]) -> None:
     _, out, _ = run_main(capsys, "plan", str(EXAMPLE), "--shards", "4", "--json")
     assert len(json.loads(out)["shard_table"]) == 4
