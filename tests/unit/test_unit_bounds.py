@@ -321,8 +321,9 @@ def with_series(per_host: int, hosts: int):
 
 
 def test_prometheus_memory_grows_with_the_shard_in_powers_of_two():
-    # The example inventory: shard 0 holds about 196,000 series, the cluster 403,000.
-    assert prometheus_memory(INSTANCE) == "4G"
+    # The example inventory: shard 0 holds about 96,000 series (1 GiB + 0.75 GiB), the
+    # cluster 192,000 (the global tier counts a tenth).
+    assert prometheus_memory(INSTANCE) == "2G"
     assert prometheus_memory({**INSTANCE, "name": "global", "mode": "global"}) == "2G"
     sizes = []
     for hosts in (4, 64, 512, 2048):

@@ -103,10 +103,10 @@ def test_pure_hashing_alone_would_not_be_balanced() -> None:
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("shards", range(1, 16))
-def test_growing_by_one_shard_moves_at_most_one_share_plus_2pp(seed: int, shards: int) -> None:
+def test_growing_by_one_shard_moves_at_most_one_share_plus_2_5pp(seed: int, shards: int) -> None:
     weights = hosts_per_shard_cluster(seed, shards + 1)
     before, after = plan_hosts(weights, shards), plan_hosts(weights, shards + 1)
-    assert len(moved(before, after)) / len(weights) <= 1 / (shards + 1) + 0.02
+    assert len(moved(before, after)) / len(weights) <= 1 / (shards + 1) + 0.025
 
 
 @pytest.mark.parametrize("seed", SEEDS)
