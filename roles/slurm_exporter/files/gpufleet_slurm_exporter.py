@@ -1627,6 +1627,16 @@ def _valid_node_name(name: object) -> bool:
     )
 
 
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object whose keys are all different (a shard named twice is an error)."""
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key[:40]!r} given twice")
+        out[key] = value
+    return out
+
+
 def parse_node_map(text: str) -> NodeMapData:
     """``{"shards": {"0": ["gpu001", ...], "1": [...]}}`` -> NodeMapData.
 
@@ -1636,7 +1646,9 @@ def parse_node_map(text: str) -> NodeMapData:
     if len(text) > MAX_NODE_MAP_BYTES:
         raise NodeMapError(f"larger than {MAX_NODE_MAP_BYTES} bytes")
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, object_pairs_hook=_unique_keys)
+    except RecursionError:
+        raise NodeMapError("not JSON: nested too deeply") from None
     except ValueError as exc:
         raise NodeMapError(f"not JSON: {exc}") from None
     if not isinstance(doc, dict) or set(doc) != {"shards"}:

@@ -68,6 +68,8 @@ def test_a_node_map_parses():
         ('{"shards": {"0": ["' + "x" * 256 + '"]}}', "invalid node name"),
         ('{"shards": {"0": ["gpu01"], "1": ["gpu01"]}}', "shards 0 and 1"),
         ("{", "not JSON"),
+        ('{"shards": {"0": ["gpu01"], "0": ["gpu02"]}}', "given twice"),
+        ("[" * 100_000 + "]" * 100_000, "not JSON"),
     ],
 )
 def test_a_bad_node_map_is_refused(doc, why):
@@ -318,3 +320,32 @@ def test_http_a_shard_scrape_without_a_map_is_an_error(serve):
     assert get(f"{base}/metrics")[0] == 200
     status, body = get(f"{base}/metrics?shard=0")
     assert status == 404 and b"no node map" in body
+
+
+def test_the_global_tier_federates_the_cluster_part_by_name():
+    """The federation selectors (roles/prometheus/vars/main.yml) name the cluster-level
+    families: on the shard every series of the job carries the target's `node` label,
+    so only the family name tells them from the per-node and per-job ones."""
+    import re
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[3]
+    selectors = yaml.safe_load((root / "roles/prometheus/vars/main.yml").read_text())[
+        "_prometheus_federate_match"
+    ]
+    slurm = [s for s in selectors if 'job="slurm"' in s]
+    matchers = [re.findall(r'__name__(=~|!~|=)"([^"]+)"', s) for s in slurm]
+
+    def federated(name: str) -> bool:
+        def ok(op: str, rx: str) -> bool:
+            hit = re.fullmatch(rx, name) is not None
+            return hit if op in ("=~", "=") else not hit
+
+        return any(all(ok(op, rx) for op, rx in m) for m in matchers)
+
+    every = {f.name for f in families()}
+    cluster_only = {f.name for f in select(None, True)} - {f.name for f in select("0", False)}
+    node_families = {f.name for f in select("0", False)}
+    assert {n for n in every if federated(n)} == cluster_only | {"slurm_node_state_reason_info"}
+    assert not any(federated(n) for n in node_families - {"slurm_node_state_reason_info"})
