@@ -25,6 +25,9 @@ from pathlib import Path
 from gpufleet.sizing import DEFAULT_MAX_SERIES_PER_SHARD
 
 HERE = Path(__file__).resolve().parent
+# The global tier federates both replicas of each shard: a sum of counts takes one first
+# (a no-op on a shard, whose own series carry no replica label).
+NO_REPLICA = "max without (replica) "
 SCHEMA_VERSION = 42  # Grafana 12.2 - 13.x classic dashboard model
 PROM = {"type": "prometheus", "uid": "${datasource}"}
 LOKI = {"type": "loki", "uid": "${loki}"}
@@ -917,7 +920,11 @@ def slurm_jobs() -> dict:
                 (
                     stat(
                         "Allocated idle GPUs",
-                        [target(f"sum(slurm_job:gpus_allocated_idle:count{{{j}}}) or vector(0)")],
+                        [
+                            target(
+                                f"sum({NO_REPLICA}(slurm_job:gpus_allocated_idle:count{{{j}}})) or vector(0)"
+                            )
+                        ],
                         steps=thresholds((None, "green"), (1, "orange")),
                     ),
                     4,
@@ -926,7 +933,11 @@ def slurm_jobs() -> dict:
                 (
                     stat(
                         "Idle allocated GPU-hours (last hour)",
-                        [target(f"sum(cluster:gpu_hours_allocated_idle:sum1h{{{c}}})")],
+                        [
+                            target(
+                                f"sum({NO_REPLICA}(cluster:gpu_hours_allocated_idle:sum1h{{{c}}}))"
+                            )
+                        ],
                     ),
                     4,
                     4,
@@ -939,7 +950,7 @@ def slurm_jobs() -> dict:
                         [
                             table_target(
                                 f"sum by (job_id, user, account, partition) "
-                                f"(slurm_job:gpus_allocated:sum{{{j}}})",
+                                f"({NO_REPLICA}(slurm_job:gpus_allocated:sum{{{j}}}))",
                                 "A",
                             ),
                             table_target(
@@ -951,7 +962,7 @@ def slurm_jobs() -> dict:
                             ),
                             table_target(
                                 f"sum by (job_id, user, account, partition) "
-                                f"(slurm_job:gpus_allocated_idle:count{{{j}}})",
+                                f"({NO_REPLICA}(slurm_job:gpus_allocated_idle:count{{{j}}}))",
                                 "C",
                             ),
                         ],
@@ -989,7 +1000,8 @@ def slurm_jobs() -> dict:
                         "GPUs allocated per user",
                         [
                             target(
-                                f"sum by (user) (slurm_job:gpus_allocated:sum{{{j}}})", "{{user}}"
+                                f"sum by (user) ({NO_REPLICA}(slurm_job:gpus_allocated:sum{{{j}}}))",
+                                "{{user}}",
                             )
                         ],
                         stack=True,
@@ -1064,7 +1076,7 @@ def slurm_jobs() -> dict:
                         "Idle allocated GPUs per user",
                         [
                             target(
-                                f"sum by (user) (slurm_user:gpus_allocated_idle:sum{{{c}}})",
+                                f"sum by (user) ({NO_REPLICA}(slurm_user:gpus_allocated_idle:sum{{{c}}}))",
                                 "{{user}}",
                             )
                         ],
@@ -1080,7 +1092,8 @@ def slurm_jobs() -> dict:
                         "Idle allocated GPU-hours per account (hourly)",
                         [
                             target(
-                                f"sum by (account) (slurm_account:gpu_hours_allocated_idle:sum1h{{{c}}})",
+                                f"sum by (account) "
+                                f"({NO_REPLICA}(slurm_account:gpu_hours_allocated_idle:sum1h{{{c}}}))",
                                 "{{account}}",
                             )
                         ],
@@ -1141,7 +1154,8 @@ def slurm_jobs() -> dict:
                         "Jobs pending per user (top 10)",
                         [
                             target(
-                                f"topk(10, sum by (user) (slurm_queue_pending{{{j}}}))", "{{user}}"
+                                f"topk(10, sum by (user) ({NO_REPLICA}(slurm_queue_pending{{{j}}})))",
+                                "{{user}}",
                             )
                         ],
                         stack=True,
