@@ -48,6 +48,7 @@ def test_default_filter_is_one_execstart_word() -> None:
         "chrony.service",
         "prometheus-node-exporter.service",
         "node_exporter.service",
+        "victoria-metrics.service",
     ],
 )
 def test_default_filter_keeps_the_units_admins_watch(name: str) -> None:
