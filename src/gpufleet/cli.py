@@ -31,7 +31,6 @@ from gpufleet.nodelist import (
 )
 from gpufleet.sharding import diff_assignments, imbalance
 from gpufleet.shardlock import format_lock
-from gpufleet.sizing import MAX_GPUS_PER_SHARD
 
 EXIT_OK = 0
 EXIT_INVALID = 2
@@ -87,7 +86,10 @@ def plan_report(node_list: NodeList) -> dict[str, Any]:
         "over_budget": [
             row["shard"] for row in rows if row["series"] > monitoring.max_series_per_shard
         ],
-        "over_gpu_limit": [row["shard"] for row in rows if row["gpus"] > MAX_GPUS_PER_SHARD],
+        "max_gpus_per_shard": monitoring.max_gpus_per_shard,
+        "over_gpu_limit": [
+            row["shard"] for row in rows if row["gpus"] > monitoring.max_gpus_per_shard
+        ],
         "shard_table": rows,
         "lock": lock_summary(node_list, shard_of),
         "assignment": shard_of,
@@ -164,8 +166,9 @@ def format_budget_lines(report: dict[str, Any]) -> list[str]:
     for shard in report["over_gpu_limit"]:
         gpus = report["shard_table"][shard]["gpus"]
         lines.append(
-            f"WARNING: shard {shard} holds {gpus:,} GPUs, over the {MAX_GPUS_PER_SHARD:,} whose "
-            "rules evaluate within half the 15 s interval (docs/prometheus.md): add shards"
+            f"WARNING: shard {shard} holds {gpus:,} GPUs, over the limit of "
+            f"{report['max_gpus_per_shard']:,} (monitoring.max_gpus_per_shard, the largest "
+            "shard whose rule evaluation was measured): add shards"
         )
     return lines
 

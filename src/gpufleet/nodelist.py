@@ -24,6 +24,7 @@ from gpufleet.limits import (
     MAX_CPUS,
     MAX_EXPECTED_SERIES,
     MAX_GPUS,
+    MAX_HOSTS,
     MAX_IMBALANCE,
     MAX_NUM_WIDTH,
     MAX_REBALANCE_MARGIN,
@@ -36,7 +37,12 @@ from gpufleet.limits import (
 )
 from gpufleet.sharding import DEFAULT_MAX_IMBALANCE, DEFAULT_REBALANCE_MARGIN
 from gpufleet.shardlock import LockError, ShardLock, parse_lock
-from gpufleet.sizing import DEFAULT_CPUS, DEFAULT_MAX_SERIES_PER_SHARD, estimate_series
+from gpufleet.sizing import (
+    DEFAULT_CPUS,
+    DEFAULT_MAX_GPUS_PER_SHARD,
+    DEFAULT_MAX_SERIES_PER_SHARD,
+    estimate_series,
+)
 
 PLUGIN_NAME = "gpufleet"
 NODE_LIST_SUFFIXES = (".gpufleet.yml", ".gpufleet.yaml")  # the files the plugin claims
@@ -68,6 +74,7 @@ MONITORING_KEYS = (
     "pin",
     "shard_lock",
     "max_series_per_shard",
+    "max_gpus_per_shard",
     *MONITORING_HOST_KEYS,
 )
 SLURM_KEYS = ("controller_hosts", "conf", "node_defaults")
@@ -136,6 +143,7 @@ class Monitoring:
     pin: Mapping[str, int] = field(default_factory=dict)
     shard_lock: str = ""  # the lock file's path (relative to the node list resolved), or ""
     max_series_per_shard: int = DEFAULT_MAX_SERIES_PER_SHARD
+    max_gpus_per_shard: int = DEFAULT_MAX_GPUS_PER_SHARD
     prometheus_hosts: tuple[str, ...] = ()
     global_hosts: tuple[str, ...] = ()
     alertmanager_hosts: tuple[str, ...] = ()
@@ -686,6 +694,12 @@ def parse_monitoring(check: Checker, raw: Any, file: str, host_count: int) -> Mo
         1,
         MAX_EXPECTED_SERIES,
     )
+    max_gpus_per_shard = check.integer(
+        monitoring.get("max_gpus_per_shard", DEFAULT_MAX_GPUS_PER_SHARD),
+        "monitoring.max_gpus_per_shard",
+        1,
+        MAX_GPUS * MAX_HOSTS,
+    )
     pins: dict[str, int] = {}
     for expression, shard in check.mapping(monitoring.get("pin", {}), "monitoring.pin").items():
         key_path = f"monitoring.pin.{key_text(expression)}"
@@ -722,6 +736,7 @@ def parse_monitoring(check: Checker, raw: Any, file: str, host_count: int) -> Mo
         pin=pins,
         shard_lock=lock_path(check, monitoring, file),
         max_series_per_shard=max_series_per_shard,
+        max_gpus_per_shard=max_gpus_per_shard,
         **host_lists,
     )
 

@@ -374,6 +374,12 @@ BAD_CASES = [
         "must be an integer >= 1, got '5M'",
     ),
     BadCase(
+        "max-gpus-per-shard-zero",
+        edit("monitoring.max_gpus_per_shard", 0),
+        "monitoring.max_gpus_per_shard",
+        "must be an integer >= 1, got 0",
+    ),
+    BadCase(
         "hosts-over-the-node-list-limit",
         both(
             add_entry("nodes", {"hosts": "a[1-60000]"}),

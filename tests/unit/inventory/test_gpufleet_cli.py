@@ -65,21 +65,33 @@ def test_plan_warns_for_each_shard_over_the_budget(
     assert report["over_budget"] == [0, 1] and report["max_series_per_shard"] == 1000
 
 
-def test_plan_warns_for_a_shard_with_more_gpus_than_its_rules_evaluate_in_time(
+def test_plan_warns_for_a_shard_with_more_gpus_than_measured(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     data = minimal_node_list()
-    data["monitoring"]["shards"] = 1
-    del data["monitoring"]["global_hosts"]
-    data["nodes"][0]["hosts"] = "gpu[0001-3001]"
-    del data["nodes"][0]["address"]  # host names are addresses too
+    data["monitoring"]["max_gpus_per_shard"] = 16  # each shard holds 2 of the 8-GPU nodes
+    path = write_node_list(tmp_path, data)
+    _, out, _ = run_main(capsys, "plan", str(path))
+    assert "WARNING" not in out
+    data["monitoring"]["max_gpus_per_shard"] = 15
     path = write_node_list(tmp_path, data)
     code, out, _ = run_main(capsys, "plan", str(path))
     assert code == 0
-    (warning,) = [line for line in out.splitlines() if line.startswith("WARNING: shard 0 holds")]
-    assert warning.startswith("WARNING: shard 0 holds 24,008 GPUs, over the 24,000 whose rules")
+    warnings = [line for line in out.splitlines() if line.startswith("WARNING")]
+    assert warnings == [
+        f"WARNING: shard {k} holds 16 GPUs, over the limit of 15 (monitoring.max_gpus_per_shard, "
+        "the largest shard whose rule evaluation was measured): add shards"
+        for k in (0, 1)
+    ], out
     _, out, _ = run_main(capsys, "plan", str(path), "--json")
-    assert json.loads(out)["over_gpu_limit"] == [0]
+    report = json.loads(out)
+    assert report["over_gpu_limit"] == [0, 1] and report["max_gpus_per_shard"] == 15
+
+
+def test_the_default_gpu_limit_is_the_largest_shard_the_benchmark_ran() -> None:
+    from gpufleet.sizing import DEFAULT_MAX_GPUS_PER_SHARD
+
+    assert DEFAULT_MAX_GPUS_PER_SHARD == 1000 * 8  # bench/shard_scale_bench.py --nodes 1000
 
 
 def test_plan_shards_override(capsys: pytest.CaptureFixture[str]) -> None:
