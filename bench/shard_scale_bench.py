@@ -53,6 +53,8 @@ REPO = Path(__file__).resolve().parents[1]
 PAYLOADS = REPO / "bench" / "payloads"
 DEFAULT_PAYLOAD = PAYLOADS / "gpu-node-h100x8.prom"
 DEFAULT_RULES = REPO / "roles" / "prometheus" / "files" / "rules"
+# Rule files the prometheus role renders from a template (tasks/instance.yml), by template.
+TEMPLATED_RULES = {"capacity.rules.yml.j2": "gpufleet-capacity.rules.yml"}
 SHARD = {"name": "shard-0", "mode": "shard", "shard": 0, "replica": 0}
 CLUSTER = "bench"
 NODES_PER_BLOCK = 250  # 127.1.<block>.<1..250>
@@ -402,9 +404,11 @@ def inventory(inventory_dir: Path) -> dict:
     return plain(json.loads(result.stdout))
 
 
-def render_shard(data: dict, config_dir: Path) -> tuple[str, dict[str, list[dict]], list[str]]:
-    """(prometheus.yml, file_sd targets per job, rule file names) of shard 0, rendered
-    by the role's template and filters as roles/prometheus/tasks/instance.yml does."""
+def render_shard(
+    data: dict, config_dir: Path
+) -> tuple[str, dict[str, list[dict]], list[str], dict[str, str]]:
+    """(prometheus.yml, file_sd targets per job, rule file names, templated rule files) of
+    shard 0, rendered by the role's templates and filters as tasks/instance.yml does."""
     sys.path.insert(0, str(REPO / "tests" / "unit"))
     from ansible.plugins.loader import filter_loader
     from render_role import render, role_variables
@@ -435,7 +439,14 @@ def render_shard(data: dict, config_dir: Path) -> tuple[str, dict[str, list[dict
         "slurm": gpufleet_targets(groups.get("slurm_controller", []), hostvars, ports["slurm"]),
     }
     jobs = variables["_prometheus_jobs"]["shard"]
-    return text, {job: targets[job] for job in jobs}, variables["_prometheus_rule_files"]["shard"]
+    rendered = {
+        TEMPLATED_RULES[template]: render(
+            "prometheus", template, host, overrides, (groups, hostvars)
+        )
+        for template in TEMPLATED_RULES
+    }
+    rule_files = variables["_prometheus_rule_files"]["shard"]
+    return text, {job: targets[job] for job in jobs}, rule_files, rendered
 
 
 def write_shard(
@@ -445,7 +456,7 @@ def write_shard(
     inventory_dir = workdir / "inventory"
     inventory_dir.mkdir()
     (inventory_dir / "nodes.gpufleet.yml").write_text(node_list(nodes, gpus, cpus))
-    text, targets, rule_files = render_shard(inventory(inventory_dir), workdir)
+    text, targets, rule_files, rendered = render_shard(inventory(inventory_dir), workdir)
     shard_dir = workdir / SHARD["name"]
     (shard_dir / "rules").mkdir(parents=True)
     (shard_dir / "targets").mkdir()
@@ -456,6 +467,12 @@ def write_shard(
             installed.append(name)
         else:
             print(f"note: {rules / name} does not exist, not installed", file=sys.stderr)
+    # The role's templated rule files (the series budget alert) belong to this checkout's
+    # rules: installed with them, not with an older --rules directory.
+    if rules.resolve() == DEFAULT_RULES.resolve():
+        for name, content in rendered.items():
+            (shard_dir / "rules" / name).write_text(content)
+            installed.append(name)
     for job, groups in targets.items():
         (shard_dir / "targets" / f"{job}.json").write_text(json.dumps(groups, indent=2) + "\n")
     config_file = shard_dir / "prometheus.yml"
