@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import time
-
-from testbed_helpers import converge, host_address, probe_from_network, restart_host
+from testbed_helpers import converge, eventually, host_address, probe_from_network, restart_host
 
 testinfra_hosts = ["all"]
 
@@ -79,9 +77,5 @@ def test_tag_limited_config_change_restarts_the_service(host):
 # Last in the file: it reboots the host.
 def test_survives_host_restart(host):
     restart_host(host)
-    for _ in range(30):
-        if host.service("node_exporter").is_running:
-            break
-        time.sleep(1)
-    assert host.service("node_exporter").is_running
+    assert eventually(lambda: host.service("node_exporter").is_running, 30)
     assert "node_exporter_build_info" in metrics(host)

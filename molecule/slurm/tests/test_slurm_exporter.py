@@ -18,7 +18,7 @@ import time
 from collections import Counter
 
 import pytest
-from testbed_helpers import converge
+from testbed_helpers import converge, eventually
 
 testinfra_hosts = ["gpufleet-slurmctl"]
 
@@ -65,27 +65,24 @@ def host_time(host) -> float:
 
 def collected_after(ctl, since: float, timeout: float = 4 * INTERVAL) -> str:
     """Metrics of the first collection cycle that started after `since` (host clock)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def started_after() -> str | None:
         # Connection refused is expected only here: right after a restart the
         # exporter may not listen yet.
         body = ctl.run(f"curl -fsS --max-time 2 {URL}").stdout
         end = value(body, "slurm_exporter_last_collect_timestamp_seconds")
         duration = value(body, "slurm_exporter_collect_duration_seconds") or 0.0
-        if end is not None and end - duration > since:
-            return body
-        assert time.monotonic() < deadline, "no collection cycle started after the change"
-        time.sleep(0.5)
+        return body if end is not None and end - duration > since else None
+
+    body = eventually(started_after, timeout, interval=0.5)
+    assert body, "no collection cycle started after the change"
+    return body
 
 
 def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(1)
+    result = eventually(predicate, timeout)
+    assert result, f"timed out waiting for {what}"
+    return result
 
 
 def as_user(user: str, command: str) -> str:
@@ -535,10 +532,11 @@ def test_each_shard_gets_its_own_nodes_from_the_node_map(host):
     try:
         host.check_output(f"printf '%s' {shlex.quote(two)} > {path}")
         # Reread at the next collection.
-        deadline = time.monotonic() + 4 * INTERVAL
-        while value(metrics(host), "slurm_exporter_node_map_shards") != 2:
-            assert time.monotonic() < deadline, "the changed node map was not reread"
-            time.sleep(1)
+        wait_until(
+            lambda: value(metrics(host), "slurm_exporter_node_map_shards") == 2,
+            4 * INTERVAL,
+            "the changed node map to be reread",
+        )
         whole = metrics(host)
         shard0 = metrics(host, shlex.quote(URL + "?shard=0"))
         shard1 = metrics(host, shlex.quote(URL + "?cluster=1&shard=1"))
