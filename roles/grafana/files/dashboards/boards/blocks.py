@@ -1,0 +1,328 @@
+"""Building blocks shared by the dashboards: selectors, queries, panels, variables, layout.
+
+Every panel, query and variable is made with grafana-foundation-sdk's typed builders;
+this module only fixes gpufleet's house style (legend, tooltip, colours) in one place.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from grafana_foundation_sdk.builders import bargauge, gauge, heatmap, logs, stat, table, timeseries
+from grafana_foundation_sdk.builders import common as cb
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import loki as lq
+from grafana_foundation_sdk.builders import prometheus as pq
+from grafana_foundation_sdk.cog import builder as cogbuilder
+from grafana_foundation_sdk.models import common as cm
+from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models import heatmap as hm
+from grafana_foundation_sdk.models import prometheus as pm
+
+PanelBuilder = cogbuilder.Builder[dm.Panel]
+Query = cogbuilder.Builder  # a Prometheus or Loki query builder
+Cell = tuple[PanelBuilder, int, int]  # panel, width, height
+Item = cogbuilder.Builder[dm.RowPanel] | list[Cell]  # a row, or one line of panels
+
+# The global tier federates both replicas of each shard: a sum of counts takes one first
+# (a no-op on a shard, whose own series carry no replica label).
+NO_REPLICA = "max without (replica) "
+PROM = cm.DataSourceRef(type_val="prometheus", uid="${datasource}")
+LOKI = cm.DataSourceRef(type_val="loki", uid="${loki}")
+
+# Label filters. `partition` on node-level series is the comma-joined list of the node's
+# partitions (docs/inventory.md), so one partition matches as a list element.
+PART = 'partition=~"(.*,)?(${partition})(,.*)?"'
+CL = 'cluster=~"${cluster}"'
+NODE_SEL = f'{CL}, rack=~"${{rack}}", {PART}, node=~"${{node}}"'
+GPU_SEL = f'{NODE_SEL}, gpu=~"${{gpu}}"'
+# Slurm job series carry the job's own partition (one value).
+JOB_SEL = f'{CL}, partition=~"${{partition}}"'
+
+LOGS_LINK = db.DashboardLink("Logs of ${__field.labels.node}").url(
+    "/d/gpufleet-logs/logs?var-node=${__field.labels.node}&${__url_time_range}"
+    "&var-cluster=${cluster}"
+)
+NODE_LINK = db.DashboardLink("Node detail: ${__field.labels.node}").url(
+    "/d/gpufleet-node-detail/node-detail?var-node=${__field.labels.node}"
+    "&${__url_time_range}&var-cluster=${cluster}"
+)
+
+# Recording-rule rollups the global tier federates from both replicas of every shard
+# (docs/alerts.md, "Federation"): `max without (replica)` folds the two copies into one
+# and is a no-op on a shard or a standalone Prometheus, so one query serves all tiers.
+FEDERATED = re.compile(
+    r"\b((?:node|cluster|rack|partition|gpu_model|slurm_job|slurm_user|slurm_account)"
+    r":[a-z0-9_]+:[a-z0-9_]+)(\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\})"
+)
+
+
+def dedup_replicas(expr: str) -> str:
+    return FEDERATED.sub(r"max without (replica) (\1\2)", expr)
+
+
+# ------------------------------------------------------------------ queries
+
+
+def target(
+    expr: str, legend: str = "", ref: str = "A", *, instant: bool = False, interval: str = ""
+) -> pq.Dataquery:
+    query = (
+        pq.Dataquery()
+        .datasource(PROM)
+        .expr(dedup_replicas(expr))
+        .legend_format(legend or "__auto")
+        .ref_id(ref)
+    )
+    if instant:
+        query.instant()
+    if interval:
+        query.interval(interval)
+    return query
+
+
+def table_target(expr: str, ref: str = "A") -> pq.Dataquery:
+    return target(expr, ref=ref, instant=True).format(pm.PromQueryFormat.TABLE)
+
+
+def loki_target(expr: str, ref: str = "A") -> lq.Dataquery:
+    return lq.Dataquery().datasource(LOKI).expr(expr).ref_id(ref).query_type("range")
+
+
+# ------------------------------------------------------------------ field config
+
+
+def thresholds(*steps: tuple[float | None, str]) -> db.ThresholdsConfig:
+    return (
+        db.ThresholdsConfig()
+        .mode(dm.ThresholdsMode.ABSOLUTE)
+        .steps([dm.Threshold(value=v, color=c) for v, c in steps])
+    )
+
+
+PCT = thresholds((None, "green"), (70, "yellow"), (90, "red"))
+TEMP = thresholds((None, "green"), (70, "yellow"), (80, "orange"), (85, "red"))
+
+
+def dashed(
+    ref: str, color: str | None = None, name: str | None = None
+) -> db.DashboardFieldConfigSourceOverrides:
+    """Override that draws query `ref` as a dashed line (optionally in a fixed colour)."""
+    props = [
+        dm.DynamicConfigValue(id_val="custom.lineStyle", value={"fill": "dash", "dash": [10, 10]}),
+        dm.DynamicConfigValue(id_val="custom.fillOpacity", value=0),
+        dm.DynamicConfigValue(id_val="custom.lineWidth", value=2),
+    ]
+    if color:
+        fixed = {"mode": "fixed", "fixedColor": color}
+        props.append(dm.DynamicConfigValue(id_val="color", value=fixed))
+    if name:
+        props.append(dm.DynamicConfigValue(id_val="displayName", value=name))
+    return by_ref(ref, props)
+
+
+def by_ref(ref: str, props: list[dm.DynamicConfigValue]) -> db.DashboardFieldConfigSourceOverrides:
+    """Override applying `props` to the fields of query `ref`."""
+    matcher = dm.MatcherConfig(id_val="byFrameRefID", options=ref)
+    return db.DashboardFieldConfigSourceOverrides().matcher(matcher).properties(props)
+
+
+def mirrored(ref: str) -> db.DashboardFieldConfigSourceOverrides:
+    """Override that draws query `ref` below the axis (e.g. transmit under receive)."""
+    return by_ref(ref, [dm.DynamicConfigValue(id_val="custom.transform", value="negative-Y")])
+
+
+def palette() -> db.FieldColor:
+    return db.FieldColor().mode(dm.FieldColorModeId.PALETTE_CLASSIC)
+
+
+def by_thresholds() -> db.FieldColor:
+    return db.FieldColor().mode(dm.FieldColorModeId.THRESHOLDS)
+
+
+def common(
+    builder: PanelBuilder,
+    title: str,
+    queries: Sequence[Query],
+    *,
+    unit: str = "short",
+    desc: str = "",
+    steps: db.ThresholdsConfig | None = None,
+    overrides: Sequence[db.DashboardFieldConfigSourceOverrides] = (),
+    color: db.FieldColor | None = None,
+    minmax: tuple[float | None, float | None] = (None, None),
+    links: Sequence[db.DashboardLink] = (),
+    datasource: cm.DataSourceRef = PROM,
+) -> PanelBuilder:
+    """The settings every panel kind shares (title, queries, unit, colours, links)."""
+    builder.title(title).description(desc).datasource(datasource).targets(list(queries))
+    builder.unit(unit).color_scheme(color or palette()).overrides(list(overrides))
+    if steps:
+        builder.thresholds(steps)
+    if minmax[0] is not None:
+        builder.min(minmax[0])
+    if minmax[1] is not None:
+        builder.max(minmax[1])
+    if links:
+        builder.data_links(list(links))
+    return builder
+
+
+# ------------------------------------------------------------------ panels
+
+
+def timeseries_panel(
+    title: str,
+    queries: Sequence[Query],
+    unit: str = "short",
+    *,
+    stack: bool = False,
+    fill: int = 10,
+    bars: bool = False,
+    gradient: str = "none",
+    threshold_style: str | None = None,
+    **kw,
+) -> timeseries.Panel:
+    stacking = cb.StackingConfig().mode(cm.StackingMode("normal" if stack else "none")).group("A")
+    p = (
+        timeseries.Panel()
+        .draw_style(cm.GraphDrawStyle.BARS if bars else cm.GraphDrawStyle.LINE)
+        .line_width(1)
+        .fill_opacity(fill)
+        .gradient_mode(cm.GraphGradientMode(gradient))
+        .show_points(cm.VisibilityMode.NEVER)
+        .span_nulls(False)
+        .stacking(stacking)
+        .axis_soft_min(0)
+    )
+    if threshold_style:
+        mode = cm.GraphThresholdsStyleMode(threshold_style)
+        p.thresholds_style(cb.GraphThresholdsStyleConfig().mode(mode))
+    legend = (
+        cb.VizLegendOptions()
+        .display_mode(cm.LegendDisplayMode.TABLE)
+        .placement(cm.LegendPlacement.RIGHT)
+        .calcs(["mean", "max"])
+        .show_legend(True)
+    )
+    p.legend(legend).tooltip(
+        cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI).sort(cm.SortOrder.DESCENDING)
+    )
+    return common(p, title, queries, unit=unit, **kw)
+
+
+def last_value() -> cb.ReduceDataOptions:
+    return cb.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False)
+
+
+def stat_panel(
+    title: str,
+    queries: Sequence[Query],
+    unit: str = "short",
+    steps: db.ThresholdsConfig | None = None,
+    options_text: str = "auto",
+    **kw,
+) -> stat.Panel:
+    p = (
+        stat.Panel()
+        .reduce_options(last_value())
+        .color_mode(cm.BigValueColorMode.BACKGROUND)
+        .graph_mode(cm.BigValueGraphMode.AREA)
+        .text_mode(cm.BigValueTextMode(options_text))
+        .justify_mode(cm.BigValueJustifyMode.AUTO)
+        .orientation(cm.VizOrientation.AUTO)
+    )
+    steps = steps or thresholds((None, "blue"))
+    return common(p, title, queries, unit=unit, steps=steps, color=by_thresholds(), **kw)
+
+
+def table_panel(
+    title: str,
+    queries: Sequence[Query],
+    *,
+    rename: dict[str, str] | None = None,
+    hide: Sequence[str] = (),
+    **kw,
+) -> table.Panel:
+    exclude = {name: True for name in ["Time", *hide]}
+    organize = {"excludeByName": exclude, "renameByName": rename or {}}
+    transformations = [
+        dm.DataTransformerConfig(id_val="merge", options={}),
+        dm.DataTransformerConfig(id_val="organize", options=organize),
+    ]
+    p = (
+        table.Panel()
+        .show_header(True)
+        .cell_height(cm.TableCellHeight.SM)
+        .footer(cb.TableFooterOptions().show(False))
+        .transformations(transformations)
+    )
+    return common(p, title, queries, **kw)
+
+
+def gauge_panel(title: str, queries: Sequence[Query], **kw) -> gauge.Panel:
+    p = (
+        gauge.Panel()
+        .reduce_options(last_value())
+        .show_threshold_markers(True)
+        .show_threshold_labels(False)
+        .orientation(cm.VizOrientation.AUTO)
+    )
+    return common(p, title, queries, color=by_thresholds(), **kw)
+
+
+def bargauge_panel(title: str, queries: Sequence[Query], **kw) -> bargauge.Panel:
+    p = (
+        bargauge.Panel()
+        .orientation(cm.VizOrientation.HORIZONTAL)
+        .display_mode(cm.BarGaugeDisplayMode.GRADIENT)
+        .reduce_options(last_value())
+        .show_unfilled(True)
+    )
+    return common(p, title, queries, **kw)
+
+
+def logs_panel(title: str, queries: Sequence[Query]) -> logs.Panel:
+    p = (
+        logs.Panel()
+        .show_time(True)
+        .wrap_log_message(True)
+        .sort_order(cm.LogsSortOrder.DESCENDING)
+        .enable_log_details(True)
+        .dedup_strategy(cm.LogsDedupStrategy.NONE)
+        .prettify_log_message(False)
+        .show_labels(False)
+        .show_common_labels(False)
+    )
+    return common(p, title, queries, datasource=LOKI)
+
+
+def heatmap_panel(title: str, query: pq.Dataquery, **kw) -> heatmap.Panel:
+    colors = (
+        heatmap.HeatmapColorOptions()
+        .mode(hm.HeatmapColorMode.SCHEME)
+        .scheme("RdYlGn")
+        .fill("dark-orange")
+        .scale(hm.HeatmapColorScale.LINEAR)
+        .exponent(0.5)
+        .steps(64)
+        .reverse(False)
+        .min(0)
+        .max(100)
+    )
+    p = (
+        heatmap.Panel()
+        .calculate(False)
+        .y_axis(heatmap.YAxisConfig().axis_placement(cm.AxisPlacement.LEFT).reverse(False))
+        .rows_frame(heatmap.RowsHeatmapOptions().layout(cm.HeatmapCellLayout.AUTO))
+        .color(colors)
+        .cell_gap(1)
+        .show_legend()
+        .mode(cm.TooltipDisplayMode.SINGLE)
+        .hide_y_histogram()
+        .show_color_scale(True)
+        .exemplars_color("rgba(255,0,255,0.7)")
+        .filter_values(heatmap.FilterValueRange().le(1e-09))
+    )
+    return common(p, title, [query], **kw)
