@@ -22,8 +22,8 @@ from grafana_foundation_sdk.models import prometheus as pm
 
 PanelBuilder = cogbuilder.Builder[dm.Panel]
 Query = cogbuilder.Builder  # a Prometheus or Loki query builder
-Cell = tuple[PanelBuilder, int, int]  # panel, width, height
-Item = cogbuilder.Builder[dm.RowPanel] | list[Cell]  # a row, or one line of panels
+Panel = PanelBuilder
+Item = cogbuilder.Builder[dm.RowPanel] | list[Panel]  # a row, or one line of panels
 
 # The global tier federates both replicas of each shard: a sum of counts takes one first
 # (a no-op on a shard, whose own series carry no replica label).
@@ -154,9 +154,12 @@ def common(
     minmax: tuple[float | None, float | None] = (None, None),
     links: Sequence[db.DashboardLink] = (),
     datasource: cm.DataSourceRef = PROM,
+    size: tuple[int, int] = (12, 8),
 ) -> PanelBuilder:
-    """The settings every panel kind shares (title, queries, unit, colours, links)."""
-    builder.title(title).description(desc).datasource(datasource).targets(list(queries))
+    """The settings every panel kind shares (title, queries, unit, colours, links, size)."""
+    builder.span(size[0]).height(size[1]).title(title).description(desc).datasource(
+        datasource
+    ).targets(list(queries))
     builder.unit(unit).color_scheme(color or palette()).overrides(list(overrides))
     if steps:
         builder.thresholds(steps)
@@ -283,7 +286,7 @@ def bargauge_panel(title: str, queries: Sequence[Query], **kw) -> bargauge.Panel
     return common(p, title, queries, **kw)
 
 
-def logs_panel(title: str, queries: Sequence[Query]) -> logs.Panel:
+def logs_panel(title: str, queries: Sequence[Query], **kw) -> logs.Panel:
     p = (
         logs.Panel()
         .show_time(True)
@@ -295,7 +298,7 @@ def logs_panel(title: str, queries: Sequence[Query]) -> logs.Panel:
         .show_labels(False)
         .show_common_labels(False)
     )
-    return common(p, title, queries, datasource=LOKI)
+    return common(p, title, queries, datasource=LOKI, **kw)
 
 
 def heatmap_panel(title: str, query: pq.Dataquery, **kw) -> heatmap.Panel:

@@ -12,8 +12,8 @@ from .blocks import (
     NODE_SEL,
     PCT,
     TEMP,
-    Cell,
     Item,
+    Panel,
     dashed,
     heatmap_panel,
     stat_panel,
@@ -28,7 +28,7 @@ from .frame import common_variables, dashboard, row
 N, G = NODE_SEL, GPU_SEL
 
 
-def _gpu_counts() -> list[Cell]:
+def _gpu_counts() -> list[Panel]:
     """GPUs reported against the inventory."""
     panels = [
         stat_panel(
@@ -54,10 +54,10 @@ def _gpu_counts() -> list[Cell]:
             "initialise).",
         ),
     ]
-    return [(p, 3, 4) for p in panels]
+    return [p.span(3).height(4) for p in panels]
 
 
-def _gpu_load() -> list[Cell]:
+def _gpu_load() -> list[Panel]:
     """Load, allocation and the hottest GPU."""
     panels = [
         stat_panel(
@@ -106,10 +106,10 @@ def _gpu_load() -> list[Cell]:
             desc="GPUs held by running Slurm jobs that stayed below 5 % for 30 minutes.",
         ),
     ]
-    return [(p, 3, 4) for p in panels]
+    return [p.span(3).height(4) for p in panels]
 
 
-def _heatmap() -> Cell:
+def _heatmap() -> Panel:
     query = target(
         # Per-GPU series live on the shards; the global tier has the per-node
         # average only, shown as one row per node (gpu="avg").
@@ -118,92 +118,22 @@ def _heatmap() -> Cell:
         "{{node}}/{{gpu}}",
         interval="1m",
     )
-    panel = heatmap_panel(
+    return heatmap_panel(
         "GPU utilization per node / GPU",
         query,
         unit="percent",
         minmax=(0, 100),
         desc="One row per GPU; colour = utilization. Empty rows are GPUs without data.",
         links=[NODE_LINK],
-    )
-    return (panel, 24, 12)
-
-
-def _gpu_utilization_per_node() -> Cell:
-    return (
-        timeseries_panel(
-            "GPU utilization per node",
-            [target(f"node:gpu_utilization_percent:avg{{{N}}}", "{{node}}")],
-            "percent",
-            minmax=(0, 100),
-            links=[NODE_LINK],
-        ),
-        12,
-        8,
+        size=(24, 12),
     )
 
 
-def _gpu_memory_used_per_node() -> Cell:
-    return (
-        timeseries_panel(
-            "GPU memory used per node",
-            [target(f"node:gpu_memory_utilization:ratio{{{N}}}", "{{node}}")],
-            "percentunit",
-            minmax=(0, 1),
-            links=[NODE_LINK],
-        ),
-        12,
-        8,
-    )
-
-
-def _gpu_power_draw_vs_limit() -> Cell:
-    return (
-        timeseries_panel(
-            "GPU power draw vs limit",
-            [
-                target(f"sum(node:gpu_power_draw_watts:sum{{{N}}})", "power draw"),
-                target(f"sum(node:gpu_power_limit_watts:sum{{{N}}})", "power limit", "B"),
-            ],
-            "watt",
-            overrides=[dashed("B", "red")],
-        ),
-        12,
-        8,
-    )
-
-
-def _gpu_temperature_hottest_gpu_per_node() -> Cell:
-    return (
-        timeseries_panel(
-            "GPU temperature (hottest GPU per node)",
-            [target(f"node:gpu_temperature_celsius:max{{{N}}}", "{{node}}")],
-            "celsius",
-            steps=TEMP,
-            threshold_style="dashed",
-            links=[NODE_LINK],
-        ),
-        12,
-        8,
-    )
-
-
-def _gpus() -> list[Item]:
+def _health_events_1() -> list[Panel]:
+    """GPUs throttled, by reason; XID errors per minute; Uncorrectable ECC errors (since driver
+    load).
+    """
     return [
-        row("GPUs"),
-        _gpu_counts() + _gpu_load(),
-        [_heatmap()],
-        [
-            _gpu_utilization_per_node(),
-            _gpu_memory_used_per_node(),
-            _gpu_power_draw_vs_limit(),
-            _gpu_temperature_hottest_gpu_per_node(),
-        ],
-    ]
-
-
-def _gpus_throttled_by_reason() -> Cell:
-    return (
         timeseries_panel(
             "GPUs throttled, by reason",
             [
@@ -217,14 +147,8 @@ def _gpus_throttled_by_reason() -> Cell:
             fill=80,
             desc="GPUs with an active clock-event (throttle) reason: power cap, "
             "thermal or hardware slowdown.",
+            size=(8, 8),
         ),
-        8,
-        8,
-    )
-
-
-def _xid_errors_per_minute() -> Cell:
-    return (
         timeseries_panel(
             "XID errors per minute",
             [
@@ -238,14 +162,8 @@ def _xid_errors_per_minute() -> Cell:
             bars=True,
             fill=80,
             links=[LOGS_LINK],
+            size=(8, 8),
         ),
-        8,
-        8,
-    )
-
-
-def _uncorrectable_ecc_errors_since_driver_lo() -> Cell:
-    return (
         timeseries_panel(
             "Uncorrectable ECC errors (since driver load)",
             [
@@ -258,67 +176,99 @@ def _uncorrectable_ecc_errors_since_driver_lo() -> Cell:
             ],
             desc="gpufleet collector (volatile scope) or dcgm-exporter (DBE volatile).",
             links=[NODE_LINK],
+            size=(8, 8),
         ),
-        8,
-        8,
-    )
+    ]
 
 
-def _health_events_line2() -> list[Cell]:
+def _health_events_2() -> list[Panel]:
+    """GPUs missing, per node; Critical XIDs in the last hour; Allocated but idle GPUs (Slurm)."""
     return [
-        (
-            table_panel(
-                "GPUs missing, per node",
-                [
-                    table_target(
-                        f"node:gpus_expected:count{{{N}}} - "
-                        f"(node:gpus_present:count{{{N}}} or node:gpus_expected:count{{{N}}} * 0)"
-                        " > 0"
-                    )
-                ],
-                rename={"Value": "missing GPUs"},
+        table_panel(
+            "GPUs missing, per node",
+            [
+                table_target(
+                    f"node:gpus_expected:count{{{N}}} - "
+                    f"(node:gpus_present:count{{{N}}} or node:gpus_expected:count{{{N}}} * 0)"
+                    " > 0"
+                )
+            ],
+            rename={"Value": "missing GPUs"},
+            links=[NODE_LINK],
+            size=(8, 8),
+        ),
+        table_panel(
+            "Critical XIDs in the last hour",
+            [
+                table_target(
+                    f"sum by (node, gpu, xid) (increase(node_gpu_xid_errors_total"
+                    f'{{{G}, critical="true"}}[1h])) > 0 or max by (node, gpu, xid) '
+                    f"(DCGM_EXP_XID_ERRORS_COUNT{{{G}}}) > 0"
+                )
+            ],
+            rename={"Value": "events"},
+            links=[LOGS_LINK],
+            size=(8, 8),
+        ),
+        table_panel(
+            "Allocated but idle GPUs (Slurm)",
+            [table_target(f"slurm_job:gpus_allocated_idle:count{{{JOB_SEL}}}")],
+            rename={"Value": "idle GPUs", "job_id": "job"},
+            size=(8, 8),
+        ),
+    ]
+
+
+def _gpus() -> list[Item]:
+    return [
+        row("GPUs"),
+        _gpu_counts() + _gpu_load(),
+        [_heatmap()],
+        [
+            timeseries_panel(
+                "GPU utilization per node",
+                [target(f"node:gpu_utilization_percent:avg{{{N}}}", "{{node}}")],
+                "percent",
+                minmax=(0, 100),
                 links=[NODE_LINK],
+                size=(12, 8),
             ),
-            8,
-            8,
-        ),
-        (
-            table_panel(
-                "Critical XIDs in the last hour",
+            timeseries_panel(
+                "GPU memory used per node",
+                [target(f"node:gpu_memory_utilization:ratio{{{N}}}", "{{node}}")],
+                "percentunit",
+                minmax=(0, 1),
+                links=[NODE_LINK],
+                size=(12, 8),
+            ),
+            timeseries_panel(
+                "GPU power draw vs limit",
                 [
-                    table_target(
-                        f"sum by (node, gpu, xid) (increase(node_gpu_xid_errors_total"
-                        f'{{{G}, critical="true"}}[1h])) > 0 or max by (node, gpu, xid) '
-                        f"(DCGM_EXP_XID_ERRORS_COUNT{{{G}}}) > 0"
-                    )
+                    target(f"sum(node:gpu_power_draw_watts:sum{{{N}}})", "power draw"),
+                    target(f"sum(node:gpu_power_limit_watts:sum{{{N}}})", "power limit", "B"),
                 ],
-                rename={"Value": "events"},
-                links=[LOGS_LINK],
+                "watt",
+                overrides=[dashed("B", "red")],
+                size=(12, 8),
             ),
-            8,
-            8,
-        ),
-        (
-            table_panel(
-                "Allocated but idle GPUs (Slurm)",
-                [table_target(f"slurm_job:gpus_allocated_idle:count{{{JOB_SEL}}}")],
-                rename={"Value": "idle GPUs", "job_id": "job"},
+            timeseries_panel(
+                "GPU temperature (hottest GPU per node)",
+                [target(f"node:gpu_temperature_celsius:max{{{N}}}", "{{node}}")],
+                "celsius",
+                steps=TEMP,
+                threshold_style="dashed",
+                links=[NODE_LINK],
+                size=(12, 8),
             ),
-            8,
-            8,
-        ),
+        ],
     ]
 
 
 def _health_events() -> list[Item]:
     return [
         row("Health events"),
-        [
-            _gpus_throttled_by_reason(),
-            _xid_errors_per_minute(),
-            _uncorrectable_ecc_errors_since_driver_lo(),
-        ],
-        _health_events_line2(),
+        _health_events_1(),
+        _health_events_2(),
     ]
 
 

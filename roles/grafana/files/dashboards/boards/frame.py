@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models import dashboard as dm
 
-from .blocks import CL, PART, PROM, Cell, Item
+from .blocks import CL, PART, PROM, Item, Panel
 
 SCHEMA_VERSION = 42  # Grafana 12.2 - 13.x classic dashboard model
 Variable = db.QueryVariable | db.DatasourceVariable | db.TextBoxVariable | db.ConstantVariable
@@ -97,7 +97,7 @@ def grid(h: int, w: int, x: int, y: int) -> dm.GridPos:
 
 
 def layout(dash: db.Dashboard, items: Sequence[Item]) -> None:
-    """Add rows and lines of (panel, width, height), filling 24-column lines in order."""
+    """Add rows and lines of panels (sized by span/height), filling 24-column lines in order."""
     y, pid = 0, 1
     for item in items:
         if isinstance(item, db.Row):
@@ -107,9 +107,11 @@ def layout(dash: db.Dashboard, items: Sequence[Item]) -> None:
         y, pid = place_line(dash, item, y, pid)
 
 
-def place_line(dash: db.Dashboard, cells: Sequence[Cell], y: int, pid: int) -> tuple[int, int]:
+def place_line(dash: db.Dashboard, panels: Sequence[Panel], y: int, pid: int) -> tuple[int, int]:
     x, line_h = 0, 0
-    for panel, w, h in cells:
+    for panel in panels:
+        size = panel.build().grid_pos
+        w, h = size.w, size.h
         if x + w > 24:
             x, y, line_h = 0, y + line_h, 0
         dash.with_panel(panel.id(pid).grid_pos(grid(h, w, x, y)))

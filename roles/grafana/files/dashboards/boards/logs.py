@@ -8,7 +8,6 @@ from .blocks import (
     CL,
     LOKI,
     NODE_LINK,
-    Cell,
     Item,
     logs_panel,
     loki_target,
@@ -35,9 +34,10 @@ def _variables() -> list[Variable]:
     ]
 
 
-def _nvidia_xid_line1() -> list[Cell]:
+def _nvidia_xid() -> list[Item]:
     return [
-        (
+        row("NVIDIA XID"),
+        [
             timeseries_panel(
                 "XID lines per node and code",
                 [
@@ -50,11 +50,8 @@ def _nvidia_xid_line1() -> list[Cell]:
                 fill=80,
                 datasource=LOKI,
                 links=[NODE_LINK],
+                size=(24, 7),
             ),
-            24,
-            7,
-        ),
-        (
             logs_panel(
                 "Kernel XID and fallen-off-the-bus lines",
                 [
@@ -63,23 +60,16 @@ def _nvidia_xid_line1() -> list[Cell]:
                         f'|~ "NVRM: (Xid|.*fallen off the bus)" |~ "(?i)${{search}}"'
                     )
                 ],
+                size=(24, 10),
             ),
-            24,
-            10,
-        ),
+        ],
     ]
 
 
-def _nvidia_xid() -> list[Item]:
+def _slurm_daemons() -> list[Item]:
     return [
-        row("NVIDIA XID"),
-        _nvidia_xid_line1(),
-    ]
-
-
-def _slurm_daemons_line1() -> list[Cell]:
-    return [
-        (
+        row("Slurm daemons"),
+        [
             timeseries_panel(
                 "Slurm daemon errors per node",
                 [
@@ -92,11 +82,8 @@ def _slurm_daemons_line1() -> list[Cell]:
                 bars=True,
                 fill=80,
                 datasource=LOKI,
+                size=(24, 7),
             ),
-            24,
-            7,
-        ),
-        (
             logs_panel(
                 "Slurm daemon logs",
                 [
@@ -104,37 +91,22 @@ def _slurm_daemons_line1() -> list[Cell]:
                         f'{{{STREAM}, source=~"slurmd|slurmctld|slurmdbd"}} |~ "(?i)${{search}}"'
                     )
                 ],
+                size=(24, 10),
             ),
-            24,
-            10,
-        ),
-    ]
-
-
-def _slurm_daemons() -> list[Item]:
-    return [
-        row("Slurm daemons"),
-        _slurm_daemons_line1(),
-    ]
-
-
-def _kernel_line1() -> list[Cell]:
-    return [
-        (
-            logs_panel(
-                "Kernel messages",
-                [loki_target(f'{{{STREAM}, source="kernel"}} |~ "(?i)${{search}}"')],
-            ),
-            24,
-            10,
-        ),
+        ],
     ]
 
 
 def _kernel() -> list[Item]:
     return [
         row("Kernel"),
-        _kernel_line1(),
+        [
+            logs_panel(
+                "Kernel messages",
+                [loki_target(f'{{{STREAM}, source="kernel"}} |~ "(?i)${{search}}"')],
+                size=(24, 10),
+            ),
+        ],
     ]
 
 

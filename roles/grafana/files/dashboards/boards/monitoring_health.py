@@ -9,8 +9,8 @@ from gpufleet.sizing import DEFAULT_MAX_SERIES_PER_SHARD
 from .blocks import (
     CL,
     NODE_SEL,
-    Cell,
     Item,
+    Panel,
     dashed,
     table_panel,
     table_target,
@@ -23,8 +23,11 @@ from .frame import common_variables, dashboard, row, var_constant
 C = CL
 
 
-def _head_series_per_prometheus_vs_capacity() -> Cell:
-    return (
+def _prometheus_1() -> list[Panel]:
+    """Head series per Prometheus vs capacity; Samples ingested per second; Targets up per job;
+    Scrape duration, slowest target per job.
+    """
+    return [
         timeseries_panel(
             "Head series per Prometheus vs capacity",
             [
@@ -38,14 +41,8 @@ def _head_series_per_prometheus_vs_capacity() -> Cell:
             desc="Active series per Prometheus; the red line is the series_capacity "
             "variable: gpufleet's default series budget per shard "
             "(monitoring.max_series_per_shard; PrometheusSeriesNearBudget at 80 %).",
+            size=(12, 8),
         ),
-        12,
-        8,
-    )
-
-
-def _samples_ingested_per_second() -> Cell:
-    return (
         timeseries_panel(
             "Samples ingested per second",
             [
@@ -56,14 +53,8 @@ def _samples_ingested_per_second() -> Cell:
                 )
             ],
             "short",
+            size=(12, 8),
         ),
-        12,
-        8,
-    )
-
-
-def _targets_up_per_job() -> Cell:
-    return (
         timeseries_panel(
             "Targets up per job",
             [
@@ -71,52 +62,33 @@ def _targets_up_per_job() -> Cell:
                 target(f"count by (job) (up{{{C}}})", "{{job}} total", "B"),
             ],
             overrides=[dashed("B")],
+            size=(12, 8),
         ),
-        12,
-        8,
-    )
-
-
-def _scrape_duration_slowest_target_per_job() -> Cell:
-    return (
         timeseries_panel(
             "Scrape duration, slowest target per job",
             [target(f"max by (job) (scrape_duration_seconds{{{C}}})", "{{job}}")],
             "s",
             desc="Compare with the scrape timeout: a job near it loses scrapes.",
+            size=(12, 8),
         ),
-        12,
-        8,
-    )
+    ]
 
 
-def _targets_down() -> Cell:
-    return (
+def _prometheus_2() -> list[Panel]:
+    """Targets down."""
+    return [
         table_panel(
             "Targets down",
             [table_target(f"up{{{C}}} == 0")],
             hide=["Value", "__name__"],
+            size=(24, 6),
         ),
-        24,
-        6,
-    )
-
-
-def _prometheus() -> list[Item]:
-    return [
-        row("Prometheus"),
-        [
-            _head_series_per_prometheus_vs_capacity(),
-            _samples_ingested_per_second(),
-            _targets_up_per_job(),
-            _scrape_duration_slowest_target_per_job(),
-            _targets_down(),
-        ],
     ]
 
 
-def _rule_group_evaluation_time_interval() -> Cell:
-    return (
+def _rules_and_alerts_1() -> list[Panel]:
+    """Rule group evaluation time / interval; Rule evaluation failures and missed iterations."""
+    return [
         timeseries_panel(
             "Rule group evaluation time / interval",
             [
@@ -129,14 +101,8 @@ def _rule_group_evaluation_time_interval() -> Cell:
             "percentunit",
             steps=thresholds((None, "green"), (0.5, "yellow"), (0.9, "red")),
             threshold_style="dashed",
+            size=(12, 8),
         ),
-        12,
-        8,
-    )
-
-
-def _rule_evaluation_failures_and_missed_iter() -> Cell:
-    return (
         timeseries_panel(
             "Rule evaluation failures and missed iterations",
             [
@@ -153,14 +119,14 @@ def _rule_evaluation_failures_and_missed_iter() -> Cell:
                 ),
             ],
             "ops",
+            size=(12, 8),
         ),
-        12,
-        8,
-    )
+    ]
 
 
-def _alertmanager_cluster_members() -> Cell:
-    return (
+def _rules_and_alerts_2() -> list[Panel]:
+    """Alertmanager cluster members; Active alerts."""
+    return [
         timeseries_panel(
             "Alertmanager cluster members",
             [
@@ -175,14 +141,8 @@ def _alertmanager_cluster_members() -> Cell:
                 ),
             ],
             overrides=[dashed("B", "red")],
+            size=(8, 8),
         ),
-        8,
-        8,
-    )
-
-
-def _active_alerts() -> Cell:
-    return (
         timeseries_panel(
             "Active alerts",
             [
@@ -191,14 +151,14 @@ def _active_alerts() -> Cell:
                     "{{node}}",
                 )
             ],
+            size=(8, 8),
         ),
-        8,
-        8,
-    )
+    ]
 
 
-def _notifications() -> Cell:
-    return (
+def _rules_and_alerts_3() -> list[Panel]:
+    """Notifications."""
+    return [
         timeseries_panel(
             "Notifications",
             [
@@ -221,93 +181,72 @@ def _notifications() -> Cell:
             ],
             "short",
             overrides=[dashed("B", "red")],
+            size=(8, 8),
         ),
-        8,
-        8,
-    )
+    ]
+
+
+def _prometheus() -> list[Item]:
+    return [
+        row("Prometheus"),
+        [*_prometheus_1(), *_prometheus_2()],
+    ]
 
 
 def _rules_and_alerts() -> list[Item]:
     return [
         row("Rules and alerts"),
-        [
-            _rule_group_evaluation_time_interval(),
-            _rule_evaluation_failures_and_missed_iter(),
-            _alertmanager_cluster_members(),
-            _active_alerts(),
-            _notifications(),
-        ],
+        [*_rules_and_alerts_1(), *_rules_and_alerts_2(), *_rules_and_alerts_3()],
     ]
-
-
-def _gpu_collector_age_of_the_last_success() -> Cell:
-    return (
-        timeseries_panel(
-            "GPU collector: age of the last success",
-            [
-                target(
-                    f"time() - max by (node) (node_gpu_collector_last_success_timestamp_seconds"
-                    f"{{{NODE_SEL}}})",
-                    "{{node}}",
-                )
-            ],
-            "s",
-            steps=thresholds((None, "green"), (45, "red")),
-            threshold_style="dashed",
-        ),
-        8,
-        8,
-    )
-
-
-def _gpu_collector_failing_dcgm_exporter_down() -> Cell:
-    return (
-        timeseries_panel(
-            "GPU collector failing / dcgm-exporter down",
-            [
-                target(
-                    f"node_gpu_collector_success{{{NODE_SEL}}} == 0",
-                    "{{node}} collector failing",
-                ),
-                target(f'up{{{C}, job="dcgm"}} == 0', "{{node}} dcgm-exporter down", "B"),
-            ],
-            bars=True,
-            fill=80,
-        ),
-        8,
-        8,
-    )
-
-
-def _slurm_exporter_age_of_the_last_collectio() -> Cell:
-    return (
-        timeseries_panel(
-            "Slurm exporter: age of the last collection",
-            [
-                target(
-                    f"time() - max(slurm_exporter_last_collect_timestamp_seconds{{{C}}})",
-                    "last collection",
-                ),
-                target(
-                    f"max by (command) (slurm_exporter_command_duration_seconds{{{C}}})",
-                    "{{command}} duration",
-                    "B",
-                ),
-            ],
-            "s",
-        ),
-        8,
-        8,
-    )
 
 
 def _collectors() -> list[Item]:
     return [
         row("Collectors"),
         [
-            _gpu_collector_age_of_the_last_success(),
-            _gpu_collector_failing_dcgm_exporter_down(),
-            _slurm_exporter_age_of_the_last_collectio(),
+            timeseries_panel(
+                "GPU collector: age of the last success",
+                [
+                    target(
+                        f"time() - max by (node) (node_gpu_collector_last_success_timestamp_seconds"
+                        f"{{{NODE_SEL}}})",
+                        "{{node}}",
+                    )
+                ],
+                "s",
+                steps=thresholds((None, "green"), (45, "red")),
+                threshold_style="dashed",
+                size=(8, 8),
+            ),
+            timeseries_panel(
+                "GPU collector failing / dcgm-exporter down",
+                [
+                    target(
+                        f"node_gpu_collector_success{{{NODE_SEL}}} == 0",
+                        "{{node}} collector failing",
+                    ),
+                    target(f'up{{{C}, job="dcgm"}} == 0', "{{node}} dcgm-exporter down", "B"),
+                ],
+                bars=True,
+                fill=80,
+                size=(8, 8),
+            ),
+            timeseries_panel(
+                "Slurm exporter: age of the last collection",
+                [
+                    target(
+                        f"time() - max(slurm_exporter_last_collect_timestamp_seconds{{{C}}})",
+                        "last collection",
+                    ),
+                    target(
+                        f"max by (command) (slurm_exporter_command_duration_seconds{{{C}}})",
+                        "{{command}} duration",
+                        "B",
+                    ),
+                ],
+                "s",
+                size=(8, 8),
+            ),
         ],
     ]
 

@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (PromQL/LogQL strings read better unbroken than split to fit)
 """Node detail: one node's host, per-GPU, disk and network panels."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from .blocks import (
     NODE_SEL,
     PCT,
     TEMP,
-    Cell,
     Item,
+    Panel,
     by_thresholds,
     dashed,
     gauge_panel,
@@ -32,9 +33,84 @@ FS = (
 )
 
 
-def _host_line1() -> list[Cell]:
+def _gpus_1() -> list[Panel]:
+    """GPU memory used per GPU; GPU utilization; GPU temperature; GPU power draw."""
     return [
-        (
+        timeseries_panel(
+            "GPU memory used per GPU",
+            [
+                target(f"gpu:memory_used_bytes:sum{{{G}}}", "{{node}} GPU {{gpu}}"),
+                target(f"max(gpu:memory_total_bytes:sum{{{G}}})", "memory size", "B"),
+            ],
+            "bytes",
+            overrides=[dashed("B", "red")],
+            size=(12, 9),
+        ),
+        timeseries_panel(
+            "GPU utilization",
+            [target(f"gpu:utilization_percent:max{{{G}}}", "{{node}} GPU {{gpu}}")],
+            "percent",
+            minmax=(0, 100),
+            steps=PCT,
+            threshold_style="dashed",
+            size=(12, 9),
+        ),
+        timeseries_panel(
+            "GPU temperature",
+            [target(f"gpu:temperature_celsius:max{{{G}}}", "{{node}} GPU {{gpu}}")],
+            "celsius",
+            steps=TEMP,
+            threshold_style="line+area",
+            color=by_thresholds(),
+            gradient="scheme",
+            size=(12, 9),
+        ),
+        timeseries_panel(
+            "GPU power draw",
+            [
+                target(f"gpu:power_draw_watts:max{{{G}}}", "{{node}} GPU {{gpu}}"),
+                target(f"max(gpu:power_limit_watts:max{{{G}}})", "power limit", "B"),
+            ],
+            "watt",
+            overrides=[dashed("B", "red")],
+            size=(12, 9),
+        ),
+    ]
+
+
+def _gpus_2() -> list[Panel]:
+    """Throttle reasons active; Slurm jobs on these GPUs."""
+    return [
+        timeseries_panel(
+            "Throttle reasons active",
+            [
+                target(
+                    f"gpu:clock_event_reason_active:max{{{G}}} > 0",
+                    "GPU {{gpu}} {{reason}}",
+                )
+            ],
+            bars=True,
+            fill=80,
+            size=(12, 8),
+        ),
+        table_panel(
+            "Slurm jobs on these GPUs",
+            [
+                table_target(
+                    f'slurm_job_gpu:gpu_utilization_percent:max{{{CL}, node=~"${{node}}", '
+                    f'gpu=~"${{gpu}}"}}'
+                )
+            ],
+            rename={"Value": "GPU utilization %", "job_id": "job"},
+            size=(12, 8),
+        ),
+    ]
+
+
+def _host() -> list[Item]:
+    return [
+        row("Host"),
+        [
             stat_panel(
                 "Scraped by shard",
                 [
@@ -48,26 +124,17 @@ def _host_line1() -> list[Cell]:
                 "this shard's datasource (gpufleet Prometheus shard N). Empty shard: a "
                 "standalone Prometheus, which has everything.",
                 options_text="name",
+                size=(24, 3),
             ),
-            24,
-            3,
-        ),
-    ]
-
-
-def _host_line2() -> list[Cell]:
-    return [
-        (
+        ],
+        [
             timeseries_panel(
                 "CPU utilization",
                 [target(f"node:cpu_utilization:ratio{{{N}}}", "{{node}}")],
                 "percentunit",
                 minmax=(0, 1),
+                size=(12, 8),
             ),
-            12,
-            8,
-        ),
-        (
             timeseries_panel(
                 "Memory used",
                 [
@@ -80,176 +147,51 @@ def _host_line2() -> list[Cell]:
                 ],
                 "bytes",
                 overrides=[dashed("B")],
+                size=(12, 8),
             ),
-            12,
-            8,
-        ),
+        ],
     ]
-
-
-def _host() -> list[Item]:
-    return [
-        row("Host"),
-        _host_line1(),
-        _host_line2(),
-    ]
-
-
-def _gpu_memory_used_per_gpu() -> Cell:
-    return (
-        timeseries_panel(
-            "GPU memory used per GPU",
-            [
-                target(f"gpu:memory_used_bytes:sum{{{G}}}", "{{node}} GPU {{gpu}}"),
-                target(f"max(gpu:memory_total_bytes:sum{{{G}}})", "memory size", "B"),
-            ],
-            "bytes",
-            overrides=[dashed("B", "red")],
-        ),
-        12,
-        9,
-    )
-
-
-def _gpu_utilization() -> Cell:
-    return (
-        timeseries_panel(
-            "GPU utilization",
-            [target(f"gpu:utilization_percent:max{{{G}}}", "{{node}} GPU {{gpu}}")],
-            "percent",
-            minmax=(0, 100),
-            steps=PCT,
-            threshold_style="dashed",
-        ),
-        12,
-        9,
-    )
-
-
-def _gpu_temperature() -> Cell:
-    return (
-        timeseries_panel(
-            "GPU temperature",
-            [target(f"gpu:temperature_celsius:max{{{G}}}", "{{node}} GPU {{gpu}}")],
-            "celsius",
-            steps=TEMP,
-            threshold_style="line+area",
-            color=by_thresholds(),
-            gradient="scheme",
-        ),
-        12,
-        9,
-    )
-
-
-def _gpu_power_draw() -> Cell:
-    return (
-        timeseries_panel(
-            "GPU power draw",
-            [
-                target(f"gpu:power_draw_watts:max{{{G}}}", "{{node}} GPU {{gpu}}"),
-                target(f"max(gpu:power_limit_watts:max{{{G}}})", "power limit", "B"),
-            ],
-            "watt",
-            overrides=[dashed("B", "red")],
-        ),
-        12,
-        9,
-    )
-
-
-def _throttle_reasons_active() -> Cell:
-    return (
-        timeseries_panel(
-            "Throttle reasons active",
-            [
-                target(
-                    f"gpu:clock_event_reason_active:max{{{G}}} > 0",
-                    "GPU {{gpu}} {{reason}}",
-                )
-            ],
-            bars=True,
-            fill=80,
-        ),
-        12,
-        8,
-    )
-
-
-def _slurm_jobs_on_these_gpus() -> Cell:
-    return (
-        table_panel(
-            "Slurm jobs on these GPUs",
-            [
-                table_target(
-                    f'slurm_job_gpu:gpu_utilization_percent:max{{{CL}, node=~"${{node}}", '
-                    f'gpu=~"${{gpu}}"}}'
-                )
-            ],
-            rename={"Value": "GPU utilization %", "job_id": "job"},
-        ),
-        12,
-        8,
-    )
 
 
 def _gpus() -> list[Item]:
     return [
         row("GPUs"),
-        [
-            _gpu_memory_used_per_gpu(),
-            _gpu_utilization(),
-            _gpu_temperature(),
-            _gpu_power_draw(),
-            _throttle_reasons_active(),
-            _slurm_jobs_on_these_gpus(),
-        ],
+        [*_gpus_1(), *_gpus_2()],
     ]
-
-
-def _disk_usage() -> Cell:
-    return (
-        gauge_panel(
-            "Disk usage",
-            [
-                target(
-                    f"1 - node_filesystem_avail_bytes{{{FS}}} / node_filesystem_size_bytes{{{FS}}}",
-                    "{{mountpoint}}",
-                )
-            ],
-            unit="percentunit",
-            minmax=(0, 1),
-            steps=thresholds((None, "green"), (0.7, "yellow"), (0.85, "red")),
-        ),
-        8,
-        8,
-    )
-
-
-def _network_receive_transmit() -> Cell:
-    return (
-        timeseries_panel(
-            "Network receive / transmit",
-            [
-                target(f"node:network_receive_bytes:sum_rate5m{{{N}}}", "{{node}} receive"),
-                target(
-                    f"node:network_transmit_bytes:sum_rate5m{{{N}}}",
-                    "{{node}} transmit",
-                    "B",
-                ),
-            ],
-            "Bps",
-            overrides=[mirrored("B")],
-        ),
-        16,
-        8,
-    )
 
 
 def _disks_and_network() -> list[Item]:
     return [
         row("Disks and network"),
-        [_disk_usage(), _network_receive_transmit()],
+        [
+            gauge_panel(
+                "Disk usage",
+                [
+                    target(
+                        f"1 - node_filesystem_avail_bytes{{{FS}}} / node_filesystem_size_bytes{{{FS}}}",
+                        "{{mountpoint}}",
+                    )
+                ],
+                unit="percentunit",
+                minmax=(0, 1),
+                steps=thresholds((None, "green"), (0.7, "yellow"), (0.85, "red")),
+                size=(8, 8),
+            ),
+            timeseries_panel(
+                "Network receive / transmit",
+                [
+                    target(f"node:network_receive_bytes:sum_rate5m{{{N}}}", "{{node}} receive"),
+                    target(
+                        f"node:network_transmit_bytes:sum_rate5m{{{N}}}",
+                        "{{node}} transmit",
+                        "B",
+                    ),
+                ],
+                "Bps",
+                overrides=[mirrored("B")],
+                size=(16, 8),
+            ),
+        ],
     ]
 
 

@@ -9,8 +9,8 @@ from .blocks import (
     JOB_SEL,
     NO_REPLICA,
     NODE_LINK,
-    Cell,
     Item,
+    Panel,
     bargauge_panel,
     dashed,
     stat_panel,
@@ -25,28 +25,21 @@ from .frame import common_variables, dashboard, row
 J, C = JOB_SEL, CL
 
 
-def _gpus_allocated() -> Cell:
-    return (stat_panel("GPUs allocated", [target(f"max(slurm_gpus_alloc{{{C}}})")]), 4, 4)
-
-
-def _gpus_idle_unallocated() -> Cell:
-    return (stat_panel("GPUs idle (unallocated)", [target(f"max(slurm_gpus_idle{{{C}}})")]), 4, 4)
-
-
-def _gpus_unavailable() -> Cell:
-    return (
+def _gpus_1() -> list[Panel]:
+    """GPUs allocated; GPUs idle (unallocated); GPUs unavailable; Allocated GPUs busy; Allocated
+    idle GPUs; Idle allocated GPU-hours (last hour).
+    """
+    return [
+        stat_panel("GPUs allocated", [target(f"max(slurm_gpus_alloc{{{C}}})")], size=(4, 4)),
+        stat_panel(
+            "GPUs idle (unallocated)", [target(f"max(slurm_gpus_idle{{{C}}})")], size=(4, 4)
+        ),
         stat_panel(
             "GPUs unavailable",
             [target(f"max(slurm_gpus_other{{{C}}})")],
             steps=thresholds((None, "green"), (1, "orange")),
+            size=(4, 4),
         ),
-        4,
-        4,
-    )
-
-
-def _allocated_gpus_busy() -> Cell:
-    return (
         stat_panel(
             "Allocated GPUs busy",
             [
@@ -57,74 +50,60 @@ def _allocated_gpus_busy() -> Cell:
             ],
             "percent",
             steps=thresholds((None, "red"), (30, "yellow"), (70, "green")),
+            size=(4, 4),
         ),
-        4,
-        4,
-    )
-
-
-def _allocated_idle_gpus() -> Cell:
-    return (
         stat_panel(
             "Allocated idle GPUs",
             [target(f"sum({NO_REPLICA}(slurm_job:gpus_allocated_idle:count{{{J}}})) or vector(0)")],
             steps=thresholds((None, "green"), (1, "orange")),
+            size=(4, 4),
         ),
-        4,
-        4,
-    )
-
-
-def _idle_allocated_gpu_hours_last_hour() -> Cell:
-    return (
         stat_panel(
             "Idle allocated GPU-hours (last hour)",
             [target(f"sum({NO_REPLICA}(cluster:gpu_hours_allocated_idle:sum1h{{{C}}}))")],
-        ),
-        4,
-        4,
-    )
-
-
-def _gpus_line2() -> list[Cell]:
-    return [
-        (
-            table_panel(
-                "Running jobs: GPUs and utilization",
-                [
-                    table_target(
-                        f"sum by (job_id, user, account, partition) "
-                        f"({NO_REPLICA}(slurm_job:gpus_allocated:sum{{{J}}}))",
-                        "A",
-                    ),
-                    table_target(
-                        f"sum by (job_id, user, account, partition) "
-                        f"(slurm_job:gpu_utilization_percent:sum{{{J}}}) / "
-                        f"sum by (job_id, user, account, partition) "
-                        f"(slurm_job:gpu_utilization_percent:count{{{J}}})",
-                        "B",
-                    ),
-                    table_target(
-                        f"sum by (job_id, user, account, partition) "
-                        f"({NO_REPLICA}(slurm_job:gpus_allocated_idle:count{{{J}}}))",
-                        "C",
-                    ),
-                ],
-                rename={
-                    "job_id": "job",
-                    "Value #A": "GPUs",
-                    "Value #B": "GPU util %",
-                    "Value #C": "idle GPUs",
-                },
-            ),
-            24,
-            10,
+            size=(4, 4),
         ),
     ]
 
 
-def _gpu_utilization_per_job_top_20() -> Cell:
-    return (
+def _gpus_2() -> list[Panel]:
+    """Running jobs: GPUs and utilization."""
+    return [
+        table_panel(
+            "Running jobs: GPUs and utilization",
+            [
+                table_target(
+                    f"sum by (job_id, user, account, partition) "
+                    f"({NO_REPLICA}(slurm_job:gpus_allocated:sum{{{J}}}))",
+                    "A",
+                ),
+                table_target(
+                    f"sum by (job_id, user, account, partition) "
+                    f"(slurm_job:gpu_utilization_percent:sum{{{J}}}) / "
+                    f"sum by (job_id, user, account, partition) "
+                    f"(slurm_job:gpu_utilization_percent:count{{{J}}})",
+                    "B",
+                ),
+                table_target(
+                    f"sum by (job_id, user, account, partition) "
+                    f"({NO_REPLICA}(slurm_job:gpus_allocated_idle:count{{{J}}}))",
+                    "C",
+                ),
+            ],
+            rename={
+                "job_id": "job",
+                "Value #A": "GPUs",
+                "Value #B": "GPU util %",
+                "Value #C": "idle GPUs",
+            },
+            size=(24, 10),
+        ),
+    ]
+
+
+def _gpus_3() -> list[Panel]:
+    """GPU utilization per job (top 20); GPUs allocated per user; GPU utilization per user."""
+    return [
         timeseries_panel(
             "GPU utilization per job (top 20)",
             [
@@ -137,14 +116,8 @@ def _gpu_utilization_per_job_top_20() -> Cell:
             ],
             "percent",
             minmax=(0, 100),
+            size=(12, 8),
         ),
-        12,
-        8,
-    )
-
-
-def _gpus_allocated_per_user() -> Cell:
-    return (
         timeseries_panel(
             "GPUs allocated per user",
             [
@@ -154,14 +127,8 @@ def _gpus_allocated_per_user() -> Cell:
                 )
             ],
             stack=True,
+            size=(12, 8),
         ),
-        12,
-        8,
-    )
-
-
-def _gpu_utilization_per_user() -> Cell:
-    return (
         timeseries_panel(
             "GPU utilization per user",
             [
@@ -173,14 +140,14 @@ def _gpu_utilization_per_user() -> Cell:
             ],
             "percent",
             minmax=(0, 100),
+            size=(12, 8),
         ),
-        12,
-        8,
-    )
+    ]
 
 
-def _gpu_utilization_per_account() -> Cell:
-    return (
+def _gpus_4() -> list[Panel]:
+    """GPU utilization per account; GPUs allocated per partition; GPU utilization per partition."""
+    return [
         timeseries_panel(
             "GPU utilization per account",
             [
@@ -192,14 +159,8 @@ def _gpu_utilization_per_account() -> Cell:
             ],
             "percent",
             minmax=(0, 100),
+            size=(12, 8),
         ),
-        12,
-        8,
-    )
-
-
-def _gpus_allocated_per_partition() -> Cell:
-    return (
         timeseries_panel(
             "GPUs allocated per partition",
             [
@@ -209,14 +170,8 @@ def _gpus_allocated_per_partition() -> Cell:
                 )
             ],
             stack=True,
+            size=(12, 8),
         ),
-        12,
-        8,
-    )
-
-
-def _gpu_utilization_per_partition() -> Cell:
-    return (
         timeseries_panel(
             "GPU utilization per partition",
             [
@@ -228,14 +183,14 @@ def _gpu_utilization_per_partition() -> Cell:
             ],
             "percent",
             minmax=(0, 100),
+            size=(12, 8),
         ),
-        12,
-        8,
-    )
+    ]
 
 
-def _idle_allocated_gpus_per_user() -> Cell:
-    return (
+def _gpus_5() -> list[Panel]:
+    """Idle allocated GPUs per user; Idle allocated GPU-hours per account (hourly)."""
+    return [
         timeseries_panel(
             "Idle allocated GPUs per user",
             [
@@ -247,14 +202,8 @@ def _idle_allocated_gpus_per_user() -> Cell:
             stack=True,
             bars=True,
             fill=80,
+            size=(12, 8),
         ),
-        12,
-        8,
-    )
-
-
-def _idle_allocated_gpu_hours_per_account_hou() -> Cell:
-    return (
         timeseries_panel(
             "Idle allocated GPU-hours per account (hourly)",
             [
@@ -265,39 +214,16 @@ def _idle_allocated_gpu_hours_per_account_hou() -> Cell:
                 )
             ],
             stack=True,
+            size=(12, 8),
         ),
-        12,
-        8,
-    )
-
-
-def _gpus() -> list[Item]:
-    return [
-        row("GPUs"),
-        [
-            _gpus_allocated(),
-            _gpus_idle_unallocated(),
-            _gpus_unavailable(),
-            _allocated_gpus_busy(),
-            _allocated_idle_gpus(),
-            _idle_allocated_gpu_hours_last_hour(),
-        ],
-        _gpus_line2(),
-        [
-            _gpu_utilization_per_job_top_20(),
-            _gpus_allocated_per_user(),
-            _gpu_utilization_per_user(),
-            _gpu_utilization_per_account(),
-            _gpus_allocated_per_partition(),
-            _gpu_utilization_per_partition(),
-            _idle_allocated_gpus_per_user(),
-            _idle_allocated_gpu_hours_per_account_hou(),
-        ],
     ]
 
 
-def _jobs_running_and_pending_per_partition() -> Cell:
-    return (
+def _queue_1() -> list[Panel]:
+    """Jobs running and pending per partition; Pending jobs by reason; Jobs pending per user (top
+    10).
+    """
+    return [
         timeseries_panel(
             "Jobs running and pending per partition",
             [
@@ -312,14 +238,8 @@ def _jobs_running_and_pending_per_partition() -> Cell:
                 ),
             ],
             overrides=[dashed("B")],
+            size=(12, 8),
         ),
-        12,
-        8,
-    )
-
-
-def _pending_jobs_by_reason() -> Cell:
-    return (
         bargauge_panel(
             "Pending jobs by reason",
             [
@@ -329,14 +249,8 @@ def _pending_jobs_by_reason() -> Cell:
                     instant=True,
                 )
             ],
+            size=(12, 8),
         ),
-        12,
-        8,
-    )
-
-
-def _jobs_pending_per_user_top_10() -> Cell:
-    return (
         timeseries_panel(
             "Jobs pending per user (top 10)",
             [
@@ -346,14 +260,14 @@ def _jobs_pending_per_user_top_10() -> Cell:
                 )
             ],
             stack=True,
+            size=(12, 8),
         ),
-        12,
-        8,
-    )
+    ]
 
 
-def _scheduler_cycle() -> Cell:
-    return (
+def _queue_2() -> list[Panel]:
+    """Scheduler cycle."""
+    return [
         timeseries_panel(
             "Scheduler cycle",
             [
@@ -365,27 +279,31 @@ def _scheduler_cycle() -> Cell:
                 ),
             ],
             "s",
+            size=(12, 8),
         ),
-        12,
-        8,
-    )
+    ]
+
+
+def _gpus() -> list[Item]:
+    return [
+        row("GPUs"),
+        _gpus_1(),
+        _gpus_2(),
+        [*_gpus_3(), *_gpus_4(), *_gpus_5()],
+    ]
 
 
 def _queue() -> list[Item]:
     return [
         row("Queue"),
-        [
-            _jobs_running_and_pending_per_partition(),
-            _pending_jobs_by_reason(),
-            _jobs_pending_per_user_top_10(),
-            _scheduler_cycle(),
-        ],
+        [*_queue_1(), *_queue_2()],
     ]
 
 
-def _nodes_line1() -> list[Cell]:
+def _nodes() -> list[Item]:
     return [
-        (
+        row("Nodes"),
+        [
             timeseries_panel(
                 "Nodes by state",
                 [
@@ -400,11 +318,8 @@ def _nodes_line1() -> list[Cell]:
                 ],
                 stack=True,
                 fill=60,
+                size=(12, 8),
             ),
-            12,
-            8,
-        ),
-        (
             table_panel(
                 "Nodes with a reason (drained, down, ...)",
                 [
@@ -414,17 +329,9 @@ def _nodes_line1() -> list[Cell]:
                 ],
                 hide=["Value"],
                 links=[NODE_LINK],
+                size=(12, 8),
             ),
-            12,
-            8,
-        ),
-    ]
-
-
-def _nodes() -> list[Item]:
-    return [
-        row("Nodes"),
-        _nodes_line1(),
+        ],
     ]
 
 
