@@ -82,6 +82,11 @@ def target(
     return query
 
 
+def rate_sum(by: str, metric: str, sel: str) -> str:
+    """Per-second rate of counter `metric`, summed by the labels `by`."""
+    return f"sum by ({by}) (rate({metric}{{{sel}}}[$__rate_interval]))"
+
+
 def table_target(expr: str, ref: str = "A") -> pq.Dataquery:
     return target(expr, ref=ref, instant=True).format(pm.PromQueryFormat.TABLE)
 
@@ -213,6 +218,19 @@ def timeseries_panel(
         cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI).sort(cm.SortOrder.DESCENDING)
     )
     return common(p, title, queries, unit=unit, **kw)
+
+
+def with_limit(
+    title: str,
+    queries: Sequence[Query],
+    limit: Query,
+    unit: str = "short",
+    color: str | None = "red",
+    **kw,
+) -> timeseries.Panel:
+    """`queries` drawn against `limit` (query B), a dashed line."""
+    over = [dashed("B", color)]
+    return timeseries_panel(title, [*queries, limit], unit, overrides=over, **kw)
 
 
 def last_value() -> cb.ReduceDataOptions:

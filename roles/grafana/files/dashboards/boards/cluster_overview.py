@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from grafana_foundation_sdk.builders import prometheus as pq
 from grafana_foundation_sdk.models import dashboard as dm
 
 from .blocks import (
@@ -14,7 +15,6 @@ from .blocks import (
     TEMP,
     Item,
     Panel,
-    dashed,
     heatmap_panel,
     stat_panel,
     table_panel,
@@ -22,15 +22,26 @@ from .blocks import (
     target,
     thresholds,
     timeseries_panel,
+    with_limit,
 )
-from .frame import common_variables, dashboard, row
+from .frame import common_variables, dashboard, section
 
 N, G = NODE_SEL, GPU_SEL
+# Expected minus reported GPUs per node; a node that reports none counts all as missing.
+MISSING = (
+    f"node:gpus_expected:count{{{N}}} - "
+    f"(node:gpus_present:count{{{N}}} or node:gpus_expected:count{{{N}}} * 0)"
+)
+
+
+def fleet_ratio(part: str, whole: str) -> pq.Dataquery:
+    """One number for the selected nodes: node rollup `part` summed over `whole` summed."""
+    return target(f"sum(node:{part}{{{N}}}) / sum(node:{whole}{{{N}}})")
 
 
 def _gpu_counts() -> list[Panel]:
     """GPUs reported against the inventory."""
-    panels = [
+    return [
         stat_panel(
             "GPUs up",
             [target(f"sum(node:gpus_present:count{{{N}}})")],
@@ -43,56 +54,29 @@ def _gpu_counts() -> list[Panel]:
         ),
         stat_panel(
             "GPUs missing",
-            [
-                target(
-                    f"sum(clamp_min(node:gpus_expected:count{{{N}}} - "
-                    f"(node:gpus_present:count{{{N}}} or node:gpus_expected:count{{{N}}} * 0), 0))"
-                )
-            ],
+            [target(f"sum(clamp_min({MISSING}, 0))")],
             steps=thresholds((None, "green"), (1, "red")),
             desc="Expected minus reported, per node (a GPU fell off the bus or did not "
             "initialise).",
         ),
     ]
-    return [p.span(3).height(4) for p in panels]
 
 
 def _gpu_load() -> list[Panel]:
     """Load, allocation and the hottest GPU."""
-    panels = [
+    utilization = fleet_ratio("gpu_utilization_percent:sum", "gpu_utilization_percent:count")
+    memory = fleet_ratio("gpu_memory_used_bytes:sum", "gpu_memory_total_bytes:sum")
+    power = fleet_ratio("gpu_power_draw_watts:sum", "gpu_power_limit_watts:sum")
+    idle = f"sum(slurm_job:gpus_allocated_idle:count{{{JOB_SEL}}}) or vector(0)"
+    return [
         stat_panel(
             "GPU utilization",
-            [
-                target(
-                    f"sum(node:gpu_utilization_percent:sum{{{N}}}) / "
-                    f"sum(node:gpu_utilization_percent:count{{{N}}})"
-                )
-            ],
+            [utilization],
             unit="percent",
             steps=thresholds((None, "red"), (30, "yellow"), (70, "green")),
         ),
-        stat_panel(
-            "GPU memory used",
-            [
-                target(
-                    f"sum(node:gpu_memory_used_bytes:sum{{{N}}}) / "
-                    f"sum(node:gpu_memory_total_bytes:sum{{{N}}})"
-                )
-            ],
-            unit="percentunit",
-            steps=PCT,
-        ),
-        stat_panel(
-            "Power draw / limit",
-            [
-                target(
-                    f"sum(node:gpu_power_draw_watts:sum{{{N}}}) / "
-                    f"sum(node:gpu_power_limit_watts:sum{{{N}}})"
-                )
-            ],
-            unit="percentunit",
-            steps=PCT,
-        ),
+        stat_panel("GPU memory used", [memory], unit="percentunit", steps=PCT),
+        stat_panel("Power draw / limit", [power], unit="percentunit", steps=PCT),
         stat_panel(
             "Hottest GPU",
             [target(f"max(node:gpu_temperature_celsius:max{{{N}}})")],
@@ -101,12 +85,11 @@ def _gpu_load() -> list[Panel]:
         ),
         stat_panel(
             "Allocated idle GPUs",
-            [target(f"sum(slurm_job:gpus_allocated_idle:count{{{JOB_SEL}}}) or vector(0)")],
+            [target(idle)],
             steps=thresholds((None, "green"), (1, "orange")),
             desc="GPUs held by running Slurm jobs that stayed below 5 % for 30 minutes.",
         ),
     ]
-    return [p.span(3).height(4) for p in panels]
 
 
 def _heatmap() -> Panel:
@@ -129,19 +112,57 @@ def _heatmap() -> Panel:
     )
 
 
-def _health_events_1() -> list[Panel]:
-    """GPUs throttled, by reason; XID errors per minute; Uncorrectable ECC errors (since driver
-    load).
-    """
+def _per_node() -> list[Panel]:
+    """Per-node lines, each linking to the node's detail dashboard."""
+    power = target(f"sum(node:gpu_power_draw_watts:sum{{{N}}})", "power draw")
+    limit = target(f"sum(node:gpu_power_limit_watts:sum{{{N}}})", "power limit", "B")
+    return [
+        timeseries_panel(
+            "GPU utilization per node",
+            [target(f"node:gpu_utilization_percent:avg{{{N}}}", "{{node}}")],
+            "percent",
+            minmax=(0, 100),
+            links=[NODE_LINK],
+        ),
+        timeseries_panel(
+            "GPU memory used per node",
+            [target(f"node:gpu_memory_utilization:ratio{{{N}}}", "{{node}}")],
+            "percentunit",
+            minmax=(0, 1),
+            links=[NODE_LINK],
+        ),
+        with_limit("GPU power draw vs limit", [power], limit, "watt"),
+        timeseries_panel(
+            "GPU temperature (hottest GPU per node)",
+            [target(f"node:gpu_temperature_celsius:max{{{N}}}", "{{node}}")],
+            "celsius",
+            steps=TEMP,
+            threshold_style="dashed",
+            links=[NODE_LINK],
+        ),
+    ]
+
+
+def _gpus() -> list[Item]:
+    stats = [p.span(3).height(4) for p in _gpu_counts() + _gpu_load()]
+    return section("GPUs", stats, [_heatmap()], _per_node())
+
+
+def _event_rates() -> list[Panel]:
+    throttled = f"sum by (reason) (node:gpu_clock_event_reason_active:sum{{{N}}})"
+    xids = (
+        f"(sum by (node, xid, critical) (gpu:xid_errors:rate5m{{{G}}}) or on (node) "
+        f"sum by (node, critical) (node:gpu_xid_errors:sum_rate5m{{{N}}})) * 60 > 0"
+    )
+    ecc = (
+        f"max by (node, gpu) (node_gpu_ecc_uncorrected_errors_total"
+        f'{{{G}, scope="volatile"}}) > 0 or max by (node, gpu) '
+        f"(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{G}}}) > 0"
+    )
     return [
         timeseries_panel(
             "GPUs throttled, by reason",
-            [
-                target(
-                    f"sum by (reason) (node:gpu_clock_event_reason_active:sum{{{N}}})",
-                    "{{reason}}",
-                )
-            ],
+            [target(throttled, "{{reason}}")],
             stack=True,
             bars=True,
             fill=80,
@@ -151,14 +172,7 @@ def _health_events_1() -> list[Panel]:
         ),
         timeseries_panel(
             "XID errors per minute",
-            [
-                target(
-                    f"(sum by (node, xid, critical) (gpu:xid_errors:rate5m{{{G}}}) or on (node) "
-                    f"sum by (node, critical) (node:gpu_xid_errors:sum_rate5m{{{N}}})) * 60 > 0",
-                    "{{node}} XID {{xid}} (critical={{critical}})",
-                )
-            ],
-            "short",
+            [target(xids, "{{node}} XID {{xid}} (critical={{critical}})")],
             bars=True,
             fill=80,
             links=[LOGS_LINK],
@@ -166,14 +180,7 @@ def _health_events_1() -> list[Panel]:
         ),
         timeseries_panel(
             "Uncorrectable ECC errors (since driver load)",
-            [
-                target(
-                    f"max by (node, gpu) (node_gpu_ecc_uncorrected_errors_total"
-                    f'{{{G}, scope="volatile"}}) > 0 or max by (node, gpu) '
-                    f"(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{G}}}) > 0",
-                    "{{node}} GPU {{gpu}}",
-                )
-            ],
+            [target(ecc, "{{node}} GPU {{gpu}}")],
             desc="gpufleet collector (volatile scope) or dcgm-exporter (DBE volatile).",
             links=[NODE_LINK],
             size=(8, 8),
@@ -181,94 +188,35 @@ def _health_events_1() -> list[Panel]:
     ]
 
 
-def _health_events_2() -> list[Panel]:
-    """GPUs missing, per node; Critical XIDs in the last hour; Allocated but idle GPUs (Slurm)."""
+def _event_tables() -> list[Panel]:
+    critical_xids = (
+        f"sum by (node, gpu, xid) (increase(node_gpu_xid_errors_total"
+        f'{{{G}, critical="true"}}[1h])) > 0 or max by (node, gpu, xid) '
+        f"(DCGM_EXP_XID_ERRORS_COUNT{{{G}}}) > 0"
+    )
+    idle = f"slurm_job:gpus_allocated_idle:count{{{JOB_SEL}}}"
+    missing = {"Value": "missing GPUs"}
     return [
         table_panel(
             "GPUs missing, per node",
-            [
-                table_target(
-                    f"node:gpus_expected:count{{{N}}} - "
-                    f"(node:gpus_present:count{{{N}}} or node:gpus_expected:count{{{N}}} * 0)"
-                    " > 0"
-                )
-            ],
-            rename={"Value": "missing GPUs"},
+            [table_target(f"{MISSING} > 0")],
+            rename=missing,
             links=[NODE_LINK],
             size=(8, 8),
         ),
         table_panel(
             "Critical XIDs in the last hour",
-            [
-                table_target(
-                    f"sum by (node, gpu, xid) (increase(node_gpu_xid_errors_total"
-                    f'{{{G}, critical="true"}}[1h])) > 0 or max by (node, gpu, xid) '
-                    f"(DCGM_EXP_XID_ERRORS_COUNT{{{G}}}) > 0"
-                )
-            ],
+            [table_target(critical_xids)],
             rename={"Value": "events"},
             links=[LOGS_LINK],
             size=(8, 8),
         ),
         table_panel(
             "Allocated but idle GPUs (Slurm)",
-            [table_target(f"slurm_job:gpus_allocated_idle:count{{{JOB_SEL}}}")],
+            [table_target(idle)],
             rename={"Value": "idle GPUs", "job_id": "job"},
             size=(8, 8),
         ),
-    ]
-
-
-def _gpus() -> list[Item]:
-    return [
-        row("GPUs"),
-        _gpu_counts() + _gpu_load(),
-        [_heatmap()],
-        [
-            timeseries_panel(
-                "GPU utilization per node",
-                [target(f"node:gpu_utilization_percent:avg{{{N}}}", "{{node}}")],
-                "percent",
-                minmax=(0, 100),
-                links=[NODE_LINK],
-                size=(12, 8),
-            ),
-            timeseries_panel(
-                "GPU memory used per node",
-                [target(f"node:gpu_memory_utilization:ratio{{{N}}}", "{{node}}")],
-                "percentunit",
-                minmax=(0, 1),
-                links=[NODE_LINK],
-                size=(12, 8),
-            ),
-            timeseries_panel(
-                "GPU power draw vs limit",
-                [
-                    target(f"sum(node:gpu_power_draw_watts:sum{{{N}}})", "power draw"),
-                    target(f"sum(node:gpu_power_limit_watts:sum{{{N}}})", "power limit", "B"),
-                ],
-                "watt",
-                overrides=[dashed("B", "red")],
-                size=(12, 8),
-            ),
-            timeseries_panel(
-                "GPU temperature (hottest GPU per node)",
-                [target(f"node:gpu_temperature_celsius:max{{{N}}}", "{{node}}")],
-                "celsius",
-                steps=TEMP,
-                threshold_style="dashed",
-                links=[NODE_LINK],
-                size=(12, 8),
-            ),
-        ],
-    ]
-
-
-def _health_events() -> list[Item]:
-    return [
-        row("Health events"),
-        _health_events_1(),
-        _health_events_2(),
     ]
 
 
@@ -279,7 +227,7 @@ def build() -> dm.Dashboard:
         "GPUs up vs expected, utilization, memory, power, temperature, throttling, XID/ECC "
         "events and GPUs Slurm allocated that sit idle. On the global tier the heatmap shows "
         "one row per node; the ECC and critical-XID tables need a shard datasource.",
-        [*_gpus(), *_health_events()],
+        [*_gpus(), *section("Health events", _event_rates(), _event_tables())],
         common_variables(),
         tags=["gpu", "overview"],
     )

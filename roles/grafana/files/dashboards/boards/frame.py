@@ -123,6 +123,11 @@ def row(title: str) -> db.Row:
     return db.Row(title).collapsed(False)
 
 
+def section(title: str, *lines: list[Panel]) -> list[Item]:
+    """A row and the lines of panels under it."""
+    return [row(title), *lines]
+
+
 # ------------------------------------------------------------------ the dashboard
 
 

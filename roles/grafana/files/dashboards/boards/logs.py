@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from grafana_foundation_sdk.builders import logs, timeseries
 from grafana_foundation_sdk.models import dashboard as dm
 
 from .blocks import (
@@ -13,7 +14,15 @@ from .blocks import (
     loki_target,
     timeseries_panel,
 )
-from .frame import Variable, common_variables, dashboard, row, var_loki, var_query, var_textbox
+from .frame import (
+    Variable,
+    common_variables,
+    dashboard,
+    section,
+    var_loki,
+    var_query,
+    var_textbox,
+)
 
 STREAM = f'{CL}, rack=~"${{rack}}", node=~"${{node}}"'
 
@@ -34,80 +43,46 @@ def _variables() -> list[Variable]:
     ]
 
 
+def log_rate(title: str, by: str, selector: str, **kw) -> timeseries.Panel:
+    """Lines of the selected stream per $__auto interval, counted by the labels `by`."""
+    query = f"sum by ({by}) (count_over_time({{{STREAM}, {selector}}} [$__auto]))"
+    lines = [loki_target(query)]
+    return timeseries_panel(title, lines, bars=True, fill=80, datasource=LOKI, size=(24, 7), **kw)
+
+
+def log_lines(title: str, selector: str, pipeline: str = "") -> logs.Panel:
+    """The selected stream's lines that match the `search` variable."""
+    query = f'{{{STREAM}, {selector}}} {pipeline}|~ "(?i)${{search}}"'
+    return logs_panel(title, [loki_target(query)], size=(24, 10))
+
+
 def _nvidia_xid() -> list[Item]:
-    return [
-        row("NVIDIA XID"),
+    xid_lines = 'source="kernel", xid=~".+", pci_bus_id=~"${pci_bus_id}"'
+    kernel_lines = 'source="kernel", pci_bus_id=~"${pci_bus_id}"'
+    nvrm = '|~ "NVRM: (Xid|.*fallen off the bus)" '
+    return section(
+        "NVIDIA XID",
         [
-            timeseries_panel(
-                "XID lines per node and code",
-                [
-                    loki_target(
-                        f'sum by (node, xid) (count_over_time({{{STREAM}, source="kernel", '
-                        f'xid=~".+", pci_bus_id=~"${{pci_bus_id}}"}} [$__auto]))'
-                    )
-                ],
-                bars=True,
-                fill=80,
-                datasource=LOKI,
-                links=[NODE_LINK],
-                size=(24, 7),
-            ),
-            logs_panel(
-                "Kernel XID and fallen-off-the-bus lines",
-                [
-                    loki_target(
-                        f'{{{STREAM}, source="kernel", pci_bus_id=~"${{pci_bus_id}}"}} '
-                        f'|~ "NVRM: (Xid|.*fallen off the bus)" |~ "(?i)${{search}}"'
-                    )
-                ],
-                size=(24, 10),
-            ),
+            log_rate("XID lines per node and code", "node, xid", xid_lines, links=[NODE_LINK]),
+            log_lines("Kernel XID and fallen-off-the-bus lines", kernel_lines, nvrm),
         ],
-    ]
+    )
 
 
 def _slurm_daemons() -> list[Item]:
-    return [
-        row("Slurm daemons"),
+    daemons = 'source=~"slurmd|slurmctld|slurmdbd"'
+    errors = f'{daemons}, level=~"error|fatal|err|crit"'
+    return section(
+        "Slurm daemons",
         [
-            timeseries_panel(
-                "Slurm daemon errors per node",
-                [
-                    loki_target(
-                        f"sum by (node, source) (count_over_time({{{STREAM}, "
-                        f'source=~"slurmd|slurmctld|slurmdbd", level=~"error|fatal|err|crit"}} '
-                        f"[$__auto]))"
-                    )
-                ],
-                bars=True,
-                fill=80,
-                datasource=LOKI,
-                size=(24, 7),
-            ),
-            logs_panel(
-                "Slurm daemon logs",
-                [
-                    loki_target(
-                        f'{{{STREAM}, source=~"slurmd|slurmctld|slurmdbd"}} |~ "(?i)${{search}}"'
-                    )
-                ],
-                size=(24, 10),
-            ),
+            log_rate("Slurm daemon errors per node", "node, source", errors),
+            log_lines("Slurm daemon logs", daemons),
         ],
-    ]
+    )
 
 
 def _kernel() -> list[Item]:
-    return [
-        row("Kernel"),
-        [
-            logs_panel(
-                "Kernel messages",
-                [loki_target(f'{{{STREAM}, source="kernel"}} |~ "(?i)${{search}}"')],
-                size=(24, 10),
-            ),
-        ],
-    ]
+    return section("Kernel", [log_lines("Kernel messages", 'source="kernel"')])
 
 
 def build() -> dm.Dashboard:

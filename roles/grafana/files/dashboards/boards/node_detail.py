@@ -1,4 +1,3 @@
-# ruff: noqa: E501  (PromQL/LogQL strings read better unbroken than split to fit)
 """Node detail: one node's host, per-GPU, disk and network panels."""
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from .blocks import (
     Item,
     Panel,
     by_thresholds,
-    dashed,
     gauge_panel,
     mirrored,
     stat_panel,
@@ -23,8 +21,9 @@ from .blocks import (
     target,
     thresholds,
     timeseries_panel,
+    with_limit,
 )
-from .frame import common_variables, dashboard, row
+from .frame import common_variables, dashboard, section
 
 N, G = NODE_SEL, GPU_SEL
 FS = (
@@ -33,93 +32,19 @@ FS = (
 )
 
 
-def _gpus_1() -> list[Panel]:
-    """GPU memory used per GPU; GPU utilization; GPU temperature; GPU power draw."""
-    return [
-        timeseries_panel(
-            "GPU memory used per GPU",
-            [
-                target(f"gpu:memory_used_bytes:sum{{{G}}}", "{{node}} GPU {{gpu}}"),
-                target(f"max(gpu:memory_total_bytes:sum{{{G}}})", "memory size", "B"),
-            ],
-            "bytes",
-            overrides=[dashed("B", "red")],
-            size=(12, 9),
-        ),
-        timeseries_panel(
-            "GPU utilization",
-            [target(f"gpu:utilization_percent:max{{{G}}}", "{{node}} GPU {{gpu}}")],
-            "percent",
-            minmax=(0, 100),
-            steps=PCT,
-            threshold_style="dashed",
-            size=(12, 9),
-        ),
-        timeseries_panel(
-            "GPU temperature",
-            [target(f"gpu:temperature_celsius:max{{{G}}}", "{{node}} GPU {{gpu}}")],
-            "celsius",
-            steps=TEMP,
-            threshold_style="line+area",
-            color=by_thresholds(),
-            gradient="scheme",
-            size=(12, 9),
-        ),
-        timeseries_panel(
-            "GPU power draw",
-            [
-                target(f"gpu:power_draw_watts:max{{{G}}}", "{{node}} GPU {{gpu}}"),
-                target(f"max(gpu:power_limit_watts:max{{{G}}})", "power limit", "B"),
-            ],
-            "watt",
-            overrides=[dashed("B", "red")],
-            size=(12, 9),
-        ),
-    ]
-
-
-def _gpus_2() -> list[Panel]:
-    """Throttle reasons active; Slurm jobs on these GPUs."""
-    return [
-        timeseries_panel(
-            "Throttle reasons active",
-            [
-                target(
-                    f"gpu:clock_event_reason_active:max{{{G}}} > 0",
-                    "GPU {{gpu}} {{reason}}",
-                )
-            ],
-            bars=True,
-            fill=80,
-            size=(12, 8),
-        ),
-        table_panel(
-            "Slurm jobs on these GPUs",
-            [
-                table_target(
-                    f'slurm_job_gpu:gpu_utilization_percent:max{{{CL}, node=~"${{node}}", '
-                    f'gpu=~"${{gpu}}"}}'
-                )
-            ],
-            rename={"Value": "GPU utilization %", "job_id": "job"},
-            size=(12, 8),
-        ),
-    ]
+PER_GPU = "{{node}} GPU {{gpu}}"
 
 
 def _host() -> list[Item]:
-    return [
-        row("Host"),
+    shard = target(f"max by (shard) (node:up:max{{{N}}})", "shard {{shard}}", instant=True)
+    total = f"node:memory_total_bytes:sum{{{N}}}"
+    used = f"{total} - node:memory_available_bytes:sum{{{N}}}"
+    return section(
+        "Host",
         [
             stat_panel(
                 "Scraped by shard",
-                [
-                    target(
-                        f"max by (shard) (node:up:max{{{N}}})",
-                        "shard {{shard}}",
-                        instant=True,
-                    )
-                ],
+                [shard],
                 desc="Per-GPU and disk panels need the raw series: on a sharded site pick "
                 "this shard's datasource (gpufleet Prometheus shard N). Empty shard: a "
                 "standalone Prometheus, which has everything.",
@@ -133,45 +58,76 @@ def _host() -> list[Item]:
                 [target(f"node:cpu_utilization:ratio{{{N}}}", "{{node}}")],
                 "percentunit",
                 minmax=(0, 1),
-                size=(12, 8),
             ),
-            timeseries_panel(
+            with_limit(
                 "Memory used",
-                [
-                    target(
-                        f"node:memory_total_bytes:sum{{{N}}} - "
-                        f"node:memory_available_bytes:sum{{{N}}}",
-                        "{{node}} used",
-                    ),
-                    target(f"node:memory_total_bytes:sum{{{N}}}", "{{node}} total", "B"),
-                ],
+                [target(used, "{{node}} used")],
+                target(total, "{{node}} total", "B"),
                 "bytes",
-                overrides=[dashed("B")],
-                size=(12, 8),
+                color=None,
             ),
         ],
+    )
+
+
+def _gpu_vitals() -> list[Panel]:
+    memory = target(f"gpu:memory_used_bytes:sum{{{G}}}", PER_GPU)
+    memory_size = target(f"max(gpu:memory_total_bytes:sum{{{G}}})", "memory size", "B")
+    power = target(f"gpu:power_draw_watts:max{{{G}}}", PER_GPU)
+    power_limit = target(f"max(gpu:power_limit_watts:max{{{G}}})", "power limit", "B")
+    return [
+        with_limit("GPU memory used per GPU", [memory], memory_size, "bytes", size=(12, 9)),
+        timeseries_panel(
+            "GPU utilization",
+            [target(f"gpu:utilization_percent:max{{{G}}}", PER_GPU)],
+            "percent",
+            minmax=(0, 100),
+            steps=PCT,
+            threshold_style="dashed",
+            size=(12, 9),
+        ),
+        timeseries_panel(
+            "GPU temperature",
+            [target(f"gpu:temperature_celsius:max{{{G}}}", PER_GPU)],
+            "celsius",
+            steps=TEMP,
+            threshold_style="line+area",
+            color=by_thresholds(),
+            gradient="scheme",
+            size=(12, 9),
+        ),
+        with_limit("GPU power draw", [power], power_limit, "watt", size=(12, 9)),
     ]
 
 
-def _gpus() -> list[Item]:
+def _gpu_jobs() -> list[Panel]:
+    throttled = f"gpu:clock_event_reason_active:max{{{G}}} > 0"
+    jobs = f'slurm_job_gpu:gpu_utilization_percent:max{{{CL}, node=~"${{node}}", gpu=~"${{gpu}}"}}'
     return [
-        row("GPUs"),
-        [*_gpus_1(), *_gpus_2()],
+        timeseries_panel(
+            "Throttle reasons active",
+            [target(throttled, "GPU {{gpu}} {{reason}}")],
+            bars=True,
+            fill=80,
+        ),
+        table_panel(
+            "Slurm jobs on these GPUs",
+            [table_target(jobs)],
+            rename={"Value": "GPU utilization %", "job_id": "job"},
+        ),
     ]
 
 
 def _disks_and_network() -> list[Item]:
-    return [
-        row("Disks and network"),
+    disk = f"1 - node_filesystem_avail_bytes{{{FS}}} / node_filesystem_size_bytes{{{FS}}}"
+    receive = target(f"node:network_receive_bytes:sum_rate5m{{{N}}}", "{{node}} receive")
+    transmit = f"node:network_transmit_bytes:sum_rate5m{{{N}}}"
+    return section(
+        "Disks and network",
         [
             gauge_panel(
                 "Disk usage",
-                [
-                    target(
-                        f"1 - node_filesystem_avail_bytes{{{FS}}} / node_filesystem_size_bytes{{{FS}}}",
-                        "{{mountpoint}}",
-                    )
-                ],
+                [target(disk, "{{mountpoint}}")],
                 unit="percentunit",
                 minmax=(0, 1),
                 steps=thresholds((None, "green"), (0.7, "yellow"), (0.85, "red")),
@@ -179,20 +135,13 @@ def _disks_and_network() -> list[Item]:
             ),
             timeseries_panel(
                 "Network receive / transmit",
-                [
-                    target(f"node:network_receive_bytes:sum_rate5m{{{N}}}", "{{node}} receive"),
-                    target(
-                        f"node:network_transmit_bytes:sum_rate5m{{{N}}}",
-                        "{{node}} transmit",
-                        "B",
-                    ),
-                ],
+                [receive, target(transmit, "{{node}} transmit", "B")],
                 "Bps",
                 overrides=[mirrored("B")],
                 size=(16, 8),
             ),
         ],
-    ]
+    )
 
 
 def build() -> dm.Dashboard:
@@ -202,7 +151,7 @@ def build() -> dm.Dashboard:
         "One node: CPU, memory, per-GPU memory, utilization, temperature and power, disks "
         "and network. Disk gauges read node_exporter series: on a sharded site pick the "
         "node's shard datasource.",
-        [*_host(), *_gpus(), *_disks_and_network()],
+        [*_host(), *section("GPUs", _gpu_vitals() + _gpu_jobs()), *_disks_and_network()],
         common_variables(node_multi=False),
         tags=["gpu", "node"],
     )
