@@ -2,29 +2,12 @@
 
 from __future__ import annotations
 
-from grafana_foundation_sdk.builders import prometheus as pq
 from grafana_foundation_sdk.models import dashboard as dm
 
-from .blocks import (
-    GPU_SEL,
-    JOB_SEL,
-    LOGS_LINK,
-    NODE_LINK,
-    NODE_SEL,
-    PCT,
-    TEMP,
-    Item,
-    Panel,
-    heatmap_panel,
-    stat_panel,
-    table_panel,
-    table_target,
-    target,
-    thresholds,
-    timeseries_panel,
-    with_limit,
-)
+from . import panels
 from .frame import common_variables, dashboard, section
+from .panels import Item, Panel
+from .queries import GPU_SEL, JOB_SEL, NODE_SEL, Query, table_target, target
 
 N, G = NODE_SEL, GPU_SEL
 # Expected minus reported GPUs per node; a node that reports none counts all as missing.
@@ -34,7 +17,7 @@ MISSING = (
 )
 
 
-def fleet_ratio(part: str, whole: str) -> pq.Dataquery:
+def fleet_ratio(part: str, whole: str) -> Query:
     """One number for the selected nodes: node rollup `part` summed over `whole` summed."""
     return target(f"sum(node:{part}{{{N}}}) / sum(node:{whole}{{{N}}})")
 
@@ -42,20 +25,20 @@ def fleet_ratio(part: str, whole: str) -> pq.Dataquery:
 def _gpu_counts() -> list[Panel]:
     """GPUs reported against the inventory."""
     return [
-        stat_panel(
+        panels.stat(
             "GPUs up",
             [target(f"sum(node:gpus_present:count{{{N}}})")],
             desc="GPUs the collectors and dcgm-exporter report.",
         ),
-        stat_panel(
+        panels.stat(
             "GPUs expected",
             [target(f"sum(node:gpus_expected:count{{{N}}})")],
             desc="GPUs the inventory says the selected nodes have.",
         ),
-        stat_panel(
+        panels.stat(
             "GPUs missing",
             [target(f"sum(clamp_min({MISSING}, 0))")],
-            steps=thresholds((None, "green"), (1, "red")),
+            steps=panels.thresholds((None, "green"), (1, "red")),
             desc="Expected minus reported, per node (a GPU fell off the bus or did not "
             "initialise).",
         ),
@@ -69,24 +52,24 @@ def _gpu_load() -> list[Panel]:
     power = fleet_ratio("gpu_power_draw_watts:sum", "gpu_power_limit_watts:sum")
     idle = f"sum(slurm_job:gpus_allocated_idle:count{{{JOB_SEL}}}) or vector(0)"
     return [
-        stat_panel(
+        panels.stat(
             "GPU utilization",
             [utilization],
             unit="percent",
-            steps=thresholds((None, "red"), (30, "yellow"), (70, "green")),
+            steps=panels.thresholds((None, "red"), (30, "yellow"), (70, "green")),
         ),
-        stat_panel("GPU memory used", [memory], unit="percentunit", steps=PCT),
-        stat_panel("Power draw / limit", [power], unit="percentunit", steps=PCT),
-        stat_panel(
+        panels.stat("GPU memory used", [memory], unit="percentunit", steps=panels.PCT),
+        panels.stat("Power draw / limit", [power], unit="percentunit", steps=panels.PCT),
+        panels.stat(
             "Hottest GPU",
             [target(f"max(node:gpu_temperature_celsius:max{{{N}}})")],
             unit="celsius",
-            steps=TEMP,
+            steps=panels.TEMP,
         ),
-        stat_panel(
+        panels.stat(
             "Allocated idle GPUs",
             [target(idle)],
-            steps=thresholds((None, "green"), (1, "orange")),
+            steps=panels.thresholds((None, "green"), (1, "orange")),
             desc="GPUs held by running Slurm jobs that stayed below 5 % for 30 minutes.",
         ),
     ]
@@ -101,13 +84,13 @@ def _heatmap() -> Panel:
         "{{node}}/{{gpu}}",
         interval="1m",
     )
-    return heatmap_panel(
+    return panels.heatmap(
         "GPU utilization per node / GPU",
         query,
         unit="percent",
         minmax=(0, 100),
         desc="One row per GPU; colour = utilization. Empty rows are GPUs without data.",
-        links=[NODE_LINK],
+        links=[panels.NODE_LINK],
         size=(24, 12),
     )
 
@@ -117,28 +100,28 @@ def _per_node() -> list[Panel]:
     power = target(f"sum(node:gpu_power_draw_watts:sum{{{N}}})", "power draw")
     limit = target(f"sum(node:gpu_power_limit_watts:sum{{{N}}})", "power limit", "B")
     return [
-        timeseries_panel(
+        panels.timeseries(
             "GPU utilization per node",
             [target(f"node:gpu_utilization_percent:avg{{{N}}}", "{{node}}")],
             "percent",
             minmax=(0, 100),
-            links=[NODE_LINK],
+            links=[panels.NODE_LINK],
         ),
-        timeseries_panel(
+        panels.timeseries(
             "GPU memory used per node",
             [target(f"node:gpu_memory_utilization:ratio{{{N}}}", "{{node}}")],
             "percentunit",
             minmax=(0, 1),
-            links=[NODE_LINK],
+            links=[panels.NODE_LINK],
         ),
-        with_limit("GPU power draw vs limit", [power], limit, "watt"),
-        timeseries_panel(
+        panels.with_limit("GPU power draw vs limit", [power], limit, "watt"),
+        panels.timeseries(
             "GPU temperature (hottest GPU per node)",
             [target(f"node:gpu_temperature_celsius:max{{{N}}}", "{{node}}")],
             "celsius",
-            steps=TEMP,
+            steps=panels.TEMP,
             threshold_style="dashed",
-            links=[NODE_LINK],
+            links=[panels.NODE_LINK],
         ),
     ]
 
@@ -160,7 +143,7 @@ def _event_rates() -> list[Panel]:
         f"(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{G}}}) > 0"
     )
     return [
-        timeseries_panel(
+        panels.timeseries(
             "GPUs throttled, by reason",
             [target(throttled, "{{reason}}")],
             stack=True,
@@ -170,19 +153,19 @@ def _event_rates() -> list[Panel]:
             "thermal or hardware slowdown.",
             size=(8, 8),
         ),
-        timeseries_panel(
+        panels.timeseries(
             "XID errors per minute",
             [target(xids, "{{node}} XID {{xid}} (critical={{critical}})")],
             bars=True,
             fill=80,
-            links=[LOGS_LINK],
+            links=[panels.LOGS_LINK],
             size=(8, 8),
         ),
-        timeseries_panel(
+        panels.timeseries(
             "Uncorrectable ECC errors (since driver load)",
             [target(ecc, "{{node}} GPU {{gpu}}")],
             desc="gpufleet collector (volatile scope) or dcgm-exporter (DBE volatile).",
-            links=[NODE_LINK],
+            links=[panels.NODE_LINK],
             size=(8, 8),
         ),
     ]
@@ -197,21 +180,21 @@ def _event_tables() -> list[Panel]:
     idle = f"slurm_job:gpus_allocated_idle:count{{{JOB_SEL}}}"
     missing = {"Value": "missing GPUs"}
     return [
-        table_panel(
+        panels.table(
             "GPUs missing, per node",
             [table_target(f"{MISSING} > 0")],
             rename=missing,
-            links=[NODE_LINK],
+            links=[panels.NODE_LINK],
             size=(8, 8),
         ),
-        table_panel(
+        panels.table(
             "Critical XIDs in the last hour",
             [table_target(critical_xids)],
             rename={"Value": "events"},
-            links=[LOGS_LINK],
+            links=[panels.LOGS_LINK],
             size=(8, 8),
         ),
-        table_panel(
+        panels.table(
             "Allocated but idle GPUs (Slurm)",
             [table_target(idle)],
             rename={"Value": "idle GPUs", "job_id": "job"},

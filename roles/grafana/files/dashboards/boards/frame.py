@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models import dashboard as dm
 
-from .blocks import CL, PART, PROM, Item, Panel
+from .panels import Item, Panel
+from .queries import CL, PART, PROM
 
 SCHEMA_VERSION = 42  # Grafana 12.2 - 13.x classic dashboard model
 Variable = db.QueryVariable | db.DatasourceVariable | db.TextBoxVariable | db.ConstantVariable

@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
-from grafana_foundation_sdk.builders import logs, timeseries
 from grafana_foundation_sdk.models import dashboard as dm
 
-from .blocks import (
-    CL,
-    LOKI,
-    NODE_LINK,
-    Item,
-    logs_panel,
-    loki_target,
-    timeseries_panel,
-)
+from . import panels
 from .frame import (
     Variable,
     common_variables,
@@ -23,6 +14,8 @@ from .frame import (
     var_query,
     var_textbox,
 )
+from .panels import Item, Panel
+from .queries import CL, LOKI, loki_target
 
 STREAM = f'{CL}, rack=~"${{rack}}", node=~"${{node}}"'
 
@@ -43,17 +36,17 @@ def _variables() -> list[Variable]:
     ]
 
 
-def log_rate(title: str, by: str, selector: str, **kw) -> timeseries.Panel:
+def log_rate(title: str, by: str, selector: str, **kw) -> Panel:
     """Lines of the selected stream per $__auto interval, counted by the labels `by`."""
     query = f"sum by ({by}) (count_over_time({{{STREAM}, {selector}}} [$__auto]))"
     lines = [loki_target(query)]
-    return timeseries_panel(title, lines, bars=True, fill=80, datasource=LOKI, size=(24, 7), **kw)
+    return panels.timeseries(title, lines, bars=True, fill=80, datasource=LOKI, size=(24, 7), **kw)
 
 
-def log_lines(title: str, selector: str, pipeline: str = "") -> logs.Panel:
+def log_lines(title: str, selector: str, pipeline: str = "") -> Panel:
     """The selected stream's lines that match the `search` variable."""
     query = f'{{{STREAM}, {selector}}} {pipeline}|~ "(?i)${{search}}"'
-    return logs_panel(title, [loki_target(query)], size=(24, 10))
+    return panels.logs(title, [loki_target(query)], size=(24, 10))
 
 
 def _nvidia_xid() -> list[Item]:
@@ -63,7 +56,9 @@ def _nvidia_xid() -> list[Item]:
     return section(
         "NVIDIA XID",
         [
-            log_rate("XID lines per node and code", "node, xid", xid_lines, links=[NODE_LINK]),
+            log_rate(
+                "XID lines per node and code", "node, xid", xid_lines, links=[panels.NODE_LINK]
+            ),
             log_lines("Kernel XID and fallen-off-the-bus lines", kernel_lines, nvrm),
         ],
     )

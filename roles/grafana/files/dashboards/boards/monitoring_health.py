@@ -6,21 +6,10 @@ from grafana_foundation_sdk.models import dashboard as dm
 
 from gpufleet.sizing import DEFAULT_MAX_SERIES_PER_SHARD
 
-from .blocks import (
-    CL,
-    NODE_SEL,
-    Item,
-    Panel,
-    dashed,
-    rate_sum,
-    table_panel,
-    table_target,
-    target,
-    thresholds,
-    timeseries_panel,
-    with_limit,
-)
+from . import panels
 from .frame import common_variables, dashboard, section, var_constant
+from .panels import Item, Panel
+from .queries import CL, NODE_SEL, rate_sum, table_target, target
 
 C = CL
 
@@ -32,7 +21,7 @@ def _prometheus() -> list[Item]:
     return section(
         "Prometheus",
         [
-            with_limit(
+            panels.with_limit(
                 "Head series per Prometheus vs capacity",
                 [target(head, per_prometheus)],
                 target("vector(${series_capacity})", "capacity", "B"),
@@ -40,20 +29,20 @@ def _prometheus() -> list[Item]:
                 "variable: gpufleet's default series budget per shard "
                 "(monitoring.max_series_per_shard; PrometheusSeriesNearBudget at 80 %).",
             ),
-            timeseries_panel("Samples ingested per second", [target(samples, per_prometheus)]),
-            with_limit(
+            panels.timeseries("Samples ingested per second", [target(samples, per_prometheus)]),
+            panels.with_limit(
                 "Targets up per job",
                 [target(f"sum by (job) (up{{{C}}})", "{{job}} up")],
                 target(f"count by (job) (up{{{C}}})", "{{job}} total", "B"),
                 color=None,
             ),
-            timeseries_panel(
+            panels.timeseries(
                 "Scrape duration, slowest target per job",
                 [target(f"max by (job) (scrape_duration_seconds{{{C}}})", "{{job}}")],
                 "s",
                 desc="Compare with the scrape timeout: a job near it loses scrapes.",
             ),
-            table_panel(
+            panels.table(
                 "Targets down",
                 [table_target(f"up{{{C}}} == 0")],
                 hide=["Value", "__name__"],
@@ -71,14 +60,14 @@ def _rules() -> list[Panel]:
     failures = rate_sum("node, instance", "prometheus_rule_evaluation_failures_total", C)
     missed = rate_sum("node, instance", "prometheus_rule_group_iterations_missed_total", C)
     return [
-        timeseries_panel(
+        panels.timeseries(
             "Rule group evaluation time / interval",
             [target(duration, "{{rule_group}}")],
             "percentunit",
-            steps=thresholds((None, "green"), (0.5, "yellow"), (0.9, "red")),
+            steps=panels.thresholds((None, "green"), (0.5, "yellow"), (0.9, "red")),
             threshold_style="dashed",
         ),
-        timeseries_panel(
+        panels.timeseries(
             "Rule evaluation failures and missed iterations",
             [target(failures, "{{node}} failures"), target(missed, "{{node}} missed", "B")],
             "ops",
@@ -99,15 +88,15 @@ def _alertmanager() -> list[Panel]:
         target(known, "{{node}} Alertmanagers known", "C"),
     ]
     return [
-        with_limit(
+        panels.with_limit(
             "Alertmanager cluster members",
             [target(members, "{{node}} members")],
             target(failed, "{{node}} failed peers", "B"),
             size=(8, 8),
         ),
-        timeseries_panel("Active alerts", [target(active, "{{node}}")], size=(8, 8)),
-        timeseries_panel(
-            "Notifications", notifications, overrides=[dashed("B", "red")], size=(8, 8)
+        panels.timeseries("Active alerts", [target(active, "{{node}}")], size=(8, 8)),
+        panels.timeseries(
+            "Notifications", notifications, overrides=[panels.dashed("B", "red")], size=(8, 8)
         ),
     ]
 
@@ -129,22 +118,24 @@ def _collectors() -> list[Item]:
     return section(
         "Collectors",
         [
-            timeseries_panel(
+            panels.timeseries(
                 "GPU collector: age of the last success",
                 [target(age, "{{node}}")],
                 "s",
-                steps=thresholds((None, "green"), (45, "red")),
+                steps=panels.thresholds((None, "green"), (45, "red")),
                 threshold_style="dashed",
                 size=(8, 8),
             ),
-            timeseries_panel(
+            panels.timeseries(
                 "GPU collector failing / dcgm-exporter down",
                 down,
                 bars=True,
                 fill=80,
                 size=(8, 8),
             ),
-            timeseries_panel("Slurm exporter: age of the last collection", slurm, "s", size=(8, 8)),
+            panels.timeseries(
+                "Slurm exporter: age of the last collection", slurm, "s", size=(8, 8)
+            ),
         ],
     )
 

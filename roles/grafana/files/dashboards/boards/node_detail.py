@@ -4,26 +4,10 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard as dm
 
-from .blocks import (
-    CL,
-    GPU_SEL,
-    NODE_SEL,
-    PCT,
-    TEMP,
-    Item,
-    Panel,
-    by_thresholds,
-    gauge_panel,
-    mirrored,
-    stat_panel,
-    table_panel,
-    table_target,
-    target,
-    thresholds,
-    timeseries_panel,
-    with_limit,
-)
+from . import panels
 from .frame import common_variables, dashboard, section
+from .panels import Item, Panel
+from .queries import CL, GPU_SEL, NODE_SEL, table_target, target
 
 N, G = NODE_SEL, GPU_SEL
 FS = (
@@ -42,7 +26,7 @@ def _host() -> list[Item]:
     return section(
         "Host",
         [
-            stat_panel(
+            panels.stat(
                 "Scraped by shard",
                 [shard],
                 desc="Per-GPU and disk panels need the raw series: on a sharded site pick "
@@ -53,13 +37,13 @@ def _host() -> list[Item]:
             ),
         ],
         [
-            timeseries_panel(
+            panels.timeseries(
                 "CPU utilization",
                 [target(f"node:cpu_utilization:ratio{{{N}}}", "{{node}}")],
                 "percentunit",
                 minmax=(0, 1),
             ),
-            with_limit(
+            panels.with_limit(
                 "Memory used",
                 [target(used, "{{node}} used")],
                 target(total, "{{node}} total", "B"),
@@ -76,27 +60,27 @@ def _gpu_vitals() -> list[Panel]:
     power = target(f"gpu:power_draw_watts:max{{{G}}}", PER_GPU)
     power_limit = target(f"max(gpu:power_limit_watts:max{{{G}}})", "power limit", "B")
     return [
-        with_limit("GPU memory used per GPU", [memory], memory_size, "bytes", size=(12, 9)),
-        timeseries_panel(
+        panels.with_limit("GPU memory used per GPU", [memory], memory_size, "bytes", size=(12, 9)),
+        panels.timeseries(
             "GPU utilization",
             [target(f"gpu:utilization_percent:max{{{G}}}", PER_GPU)],
             "percent",
             minmax=(0, 100),
-            steps=PCT,
+            steps=panels.PCT,
             threshold_style="dashed",
             size=(12, 9),
         ),
-        timeseries_panel(
+        panels.timeseries(
             "GPU temperature",
             [target(f"gpu:temperature_celsius:max{{{G}}}", PER_GPU)],
             "celsius",
-            steps=TEMP,
+            steps=panels.TEMP,
             threshold_style="line+area",
-            color=by_thresholds(),
+            color=panels.by_thresholds(),
             gradient="scheme",
             size=(12, 9),
         ),
-        with_limit("GPU power draw", [power], power_limit, "watt", size=(12, 9)),
+        panels.with_limit("GPU power draw", [power], power_limit, "watt", size=(12, 9)),
     ]
 
 
@@ -104,13 +88,13 @@ def _gpu_jobs() -> list[Panel]:
     throttled = f"gpu:clock_event_reason_active:max{{{G}}} > 0"
     jobs = f'slurm_job_gpu:gpu_utilization_percent:max{{{CL}, node=~"${{node}}", gpu=~"${{gpu}}"}}'
     return [
-        timeseries_panel(
+        panels.timeseries(
             "Throttle reasons active",
             [target(throttled, "GPU {{gpu}} {{reason}}")],
             bars=True,
             fill=80,
         ),
-        table_panel(
+        panels.table(
             "Slurm jobs on these GPUs",
             [table_target(jobs)],
             rename={"Value": "GPU utilization %", "job_id": "job"},
@@ -125,19 +109,19 @@ def _disks_and_network() -> list[Item]:
     return section(
         "Disks and network",
         [
-            gauge_panel(
+            panels.gauge(
                 "Disk usage",
                 [target(disk, "{{mountpoint}}")],
                 unit="percentunit",
                 minmax=(0, 1),
-                steps=thresholds((None, "green"), (0.7, "yellow"), (0.85, "red")),
+                steps=panels.thresholds((None, "green"), (0.7, "yellow"), (0.85, "red")),
                 size=(8, 8),
             ),
-            timeseries_panel(
+            panels.timeseries(
                 "Network receive / transmit",
                 [receive, target(transmit, "{{node}} transmit", "B")],
                 "Bps",
-                overrides=[mirrored("B")],
+                overrides=[panels.mirrored("B")],
                 size=(16, 8),
             ),
         ],

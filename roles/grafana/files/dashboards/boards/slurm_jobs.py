@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-from grafana_foundation_sdk.builders import timeseries
 from grafana_foundation_sdk.models import dashboard as dm
 
-from .blocks import (
-    CL,
-    JOB_SEL,
-    NO_REPLICA,
-    NODE_LINK,
-    Item,
-    Panel,
-    bargauge_panel,
-    stat_panel,
-    table_panel,
-    table_target,
-    target,
-    thresholds,
-    timeseries_panel,
-    with_limit,
-)
+from . import panels
 from .frame import common_variables, dashboard, section
+from .panels import Item, Panel
+from .queries import CL, JOB_SEL, NO_REPLICA, table_target, target
 
 J, C = JOB_SEL, CL
 JOB_LABELS = "job_id, user, account, partition"
@@ -36,33 +22,33 @@ def mean_utilization(by: str, rollup: str, sel: str) -> str:
     )
 
 
-def utilization_per(label: str, rollup: str, sel: str) -> timeseries.Panel:
+def utilization_per(label: str, rollup: str, sel: str) -> Panel:
     query = target(mean_utilization(label, rollup, sel), f"{{{{{label}}}}}")
-    return timeseries_panel(f"GPU utilization per {label}", [query], "percent", minmax=(0, 100))
+    return panels.timeseries(f"GPU utilization per {label}", [query], "percent", minmax=(0, 100))
 
 
-def stacked(title: str, expr: str, legend: str, **kw) -> timeseries.Panel:
-    return timeseries_panel(title, [target(expr, legend)], stack=True, **kw)
+def stacked(title: str, expr: str, legend: str, **kw) -> Panel:
+    return panels.timeseries(title, [target(expr, legend)], stack=True, **kw)
 
 
 def _totals() -> list[Panel]:
     idle = f"sum({NO_REPLICA}(slurm_job:gpus_allocated_idle:count{{{J}}})) or vector(0)"
     idle_hours = f"sum({NO_REPLICA}(cluster:gpu_hours_allocated_idle:sum1h{{{C}}}))"
-    some = thresholds((None, "green"), (1, "orange"))
-    panels = [
-        stat_panel("GPUs allocated", [target(f"max(slurm_gpus_alloc{{{C}}})")]),
-        stat_panel("GPUs idle (unallocated)", [target(f"max(slurm_gpus_idle{{{C}}})")]),
-        stat_panel("GPUs unavailable", [target(f"max(slurm_gpus_other{{{C}}})")], steps=some),
-        stat_panel(
+    some = panels.thresholds((None, "green"), (1, "orange"))
+    stats = [
+        panels.stat("GPUs allocated", [target(f"max(slurm_gpus_alloc{{{C}}})")]),
+        panels.stat("GPUs idle (unallocated)", [target(f"max(slurm_gpus_idle{{{C}}})")]),
+        panels.stat("GPUs unavailable", [target(f"max(slurm_gpus_other{{{C}}})")], steps=some),
+        panels.stat(
             "Allocated GPUs busy",
             [target(mean_utilization("", "slurm_job", J))],
             "percent",
-            steps=thresholds((None, "red"), (30, "yellow"), (70, "green")),
+            steps=panels.thresholds((None, "red"), (30, "yellow"), (70, "green")),
         ),
-        stat_panel("Allocated idle GPUs", [target(idle)], steps=some),
-        stat_panel("Idle allocated GPU-hours (last hour)", [target(idle_hours)]),
+        panels.stat("Allocated idle GPUs", [target(idle)], steps=some),
+        panels.stat("Idle allocated GPU-hours (last hour)", [target(idle_hours)]),
     ]
-    return [p.span(4).height(4) for p in panels]
+    return [p.span(4).height(4) for p in stats]
 
 
 def _running_jobs() -> list[Panel]:
@@ -75,7 +61,7 @@ def _running_jobs() -> list[Panel]:
         "Value #C": "idle GPUs",
     }
     return [
-        table_panel(
+        panels.table(
             "Running jobs: GPUs and utilization",
             [
                 table_target(gpus, "A"),
@@ -97,7 +83,7 @@ def _per_owner() -> list[Panel]:
         f"sum by (account) ({NO_REPLICA}(slurm_account:gpu_hours_allocated_idle:sum1h{{{C}}}))"
     )
     return [
-        timeseries_panel(
+        panels.timeseries(
             "GPU utilization per job (top 20)",
             [target(top_jobs, "{{job_id}} ({{user}})")],
             "percent",
@@ -124,15 +110,17 @@ def _queue() -> list[Item]:
     return section(
         "Queue",
         [
-            with_limit(
+            panels.with_limit(
                 "Jobs running and pending per partition",
                 [target(running, "{{partition}} running")],
                 target(pending, "{{partition}} pending", "B"),
                 color=None,
             ),
-            bargauge_panel("Pending jobs by reason", [target(reasons, "{{reason}}", instant=True)]),
+            panels.bargauge(
+                "Pending jobs by reason", [target(reasons, "{{reason}}", instant=True)]
+            ),
             stacked("Jobs pending per user (top 10)", per_user, "{{user}}"),
-            timeseries_panel("Scheduler cycle", cycles, "s"),
+            panels.timeseries("Scheduler cycle", cycles, "s"),
         ],
     )
 
@@ -147,12 +135,12 @@ def _nodes() -> list[Item]:
     return section(
         "Nodes",
         [
-            timeseries_panel("Nodes by state", by_state, stack=True, fill=60),
-            table_panel(
+            panels.timeseries("Nodes by state", by_state, stack=True, fill=60),
+            panels.table(
                 "Nodes with a reason (drained, down, ...)",
                 [table_target(reasons)],
                 hide=["Value"],
-                links=[NODE_LINK],
+                links=[panels.NODE_LINK],
             ),
         ],
     )

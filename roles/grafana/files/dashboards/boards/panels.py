@@ -1,44 +1,28 @@
-"""Building blocks shared by the dashboards: selectors, queries, panels, variables, layout.
-
-Every panel, query and variable is made with grafana-foundation-sdk's typed builders;
-this module only fixes gpufleet's house style (legend, tooltip, colours) in one place.
-"""
+"""Panels in gpufleet's house style (legend, tooltip, colours, sizes), one place for all
+dashboards, made with grafana-foundation-sdk's typed panel builders."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
-from grafana_foundation_sdk.builders import bargauge, gauge, heatmap, logs, stat, table, timeseries
+from grafana_foundation_sdk.builders import bargauge as sdk_bargauge
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
-from grafana_foundation_sdk.builders import loki as lq
-from grafana_foundation_sdk.builders import prometheus as pq
+from grafana_foundation_sdk.builders import gauge as sdk_gauge
+from grafana_foundation_sdk.builders import heatmap as sdk_heatmap
+from grafana_foundation_sdk.builders import logs as sdk_logs
+from grafana_foundation_sdk.builders import stat as sdk_stat
+from grafana_foundation_sdk.builders import table as sdk_table
+from grafana_foundation_sdk.builders import timeseries as sdk_timeseries
 from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import heatmap as hm
-from grafana_foundation_sdk.models import prometheus as pm
 
-PanelBuilder = cogbuilder.Builder[dm.Panel]
-Query = cogbuilder.Builder  # a Prometheus or Loki query builder
-Panel = PanelBuilder
+from .queries import LOKI, PROM, Query
+
+Panel = cogbuilder.Builder[dm.Panel]
 Item = cogbuilder.Builder[dm.RowPanel] | list[Panel]  # a row, or one line of panels
-
-# The global tier federates both replicas of each shard: a sum of counts takes one first
-# (a no-op on a shard, whose own series carry no replica label).
-NO_REPLICA = "max without (replica) "
-PROM = cm.DataSourceRef(type_val="prometheus", uid="${datasource}")
-LOKI = cm.DataSourceRef(type_val="loki", uid="${loki}")
-
-# Label filters. `partition` on node-level series is the comma-joined list of the node's
-# partitions (docs/inventory.md), so one partition matches as a list element.
-PART = 'partition=~"(.*,)?(${partition})(,.*)?"'
-CL = 'cluster=~"${cluster}"'
-NODE_SEL = f'{CL}, rack=~"${{rack}}", {PART}, node=~"${{node}}"'
-GPU_SEL = f'{NODE_SEL}, gpu=~"${{gpu}}"'
-# Slurm job series carry the job's own partition (one value).
-JOB_SEL = f'{CL}, partition=~"${{partition}}"'
 
 LOGS_LINK = db.DashboardLink("Logs of ${__field.labels.node}").url(
     "/d/gpufleet-logs/logs?var-node=${__field.labels.node}&${__url_time_range}"
@@ -48,51 +32,6 @@ NODE_LINK = db.DashboardLink("Node detail: ${__field.labels.node}").url(
     "/d/gpufleet-node-detail/node-detail?var-node=${__field.labels.node}"
     "&${__url_time_range}&var-cluster=${cluster}"
 )
-
-# Recording-rule rollups the global tier federates from both replicas of every shard
-# (docs/alerts.md, "Federation"): `max without (replica)` folds the two copies into one
-# and is a no-op on a shard or a standalone Prometheus, so one query serves all tiers.
-FEDERATED = re.compile(
-    r"\b((?:node|cluster|rack|partition|gpu_model|slurm_job|slurm_user|slurm_account)"
-    r":[a-z0-9_]+:[a-z0-9_]+)(\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\})"
-)
-
-
-def dedup_replicas(expr: str) -> str:
-    return FEDERATED.sub(r"max without (replica) (\1\2)", expr)
-
-
-# ------------------------------------------------------------------ queries
-
-
-def target(
-    expr: str, legend: str = "", ref: str = "A", *, instant: bool = False, interval: str = ""
-) -> pq.Dataquery:
-    query = (
-        pq.Dataquery()
-        .datasource(PROM)
-        .expr(dedup_replicas(expr))
-        .legend_format(legend or "__auto")
-        .ref_id(ref)
-    )
-    if instant:
-        query.instant()
-    if interval:
-        query.interval(interval)
-    return query
-
-
-def rate_sum(by: str, metric: str, sel: str) -> str:
-    """Per-second rate of counter `metric`, summed by the labels `by`."""
-    return f"sum by ({by}) (rate({metric}{{{sel}}}[$__rate_interval]))"
-
-
-def table_target(expr: str, ref: str = "A") -> pq.Dataquery:
-    return target(expr, ref=ref, instant=True).format(pm.PromQueryFormat.TABLE)
-
-
-def loki_target(expr: str, ref: str = "A") -> lq.Dataquery:
-    return lq.Dataquery().datasource(LOKI).expr(expr).ref_id(ref).query_type("range")
 
 
 # ------------------------------------------------------------------ field config
@@ -147,7 +86,7 @@ def by_thresholds() -> db.FieldColor:
 
 
 def common(
-    builder: PanelBuilder,
+    builder: Panel,
     title: str,
     queries: Sequence[Query],
     *,
@@ -160,7 +99,7 @@ def common(
     links: Sequence[db.DashboardLink] = (),
     datasource: cm.DataSourceRef = PROM,
     size: tuple[int, int] = (12, 8),
-) -> PanelBuilder:
+) -> Panel:
     """The settings every panel kind shares (title, queries, unit, colours, links, size)."""
     builder.span(size[0]).height(size[1]).title(title).description(desc).datasource(
         datasource
@@ -180,7 +119,7 @@ def common(
 # ------------------------------------------------------------------ panels
 
 
-def timeseries_panel(
+def timeseries(
     title: str,
     queries: Sequence[Query],
     unit: str = "short",
@@ -191,10 +130,10 @@ def timeseries_panel(
     gradient: str = "none",
     threshold_style: str | None = None,
     **kw,
-) -> timeseries.Panel:
+) -> sdk_timeseries.Panel:
     stacking = cb.StackingConfig().mode(cm.StackingMode("normal" if stack else "none")).group("A")
     p = (
-        timeseries.Panel()
+        sdk_timeseries.Panel()
         .draw_style(cm.GraphDrawStyle.BARS if bars else cm.GraphDrawStyle.LINE)
         .line_width(1)
         .fill_opacity(fill)
@@ -227,26 +166,26 @@ def with_limit(
     unit: str = "short",
     color: str | None = "red",
     **kw,
-) -> timeseries.Panel:
+) -> sdk_timeseries.Panel:
     """`queries` drawn against `limit` (query B), a dashed line."""
     over = [dashed("B", color)]
-    return timeseries_panel(title, [*queries, limit], unit, overrides=over, **kw)
+    return timeseries(title, [*queries, limit], unit, overrides=over, **kw)
 
 
 def last_value() -> cb.ReduceDataOptions:
     return cb.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False)
 
 
-def stat_panel(
+def stat(
     title: str,
     queries: Sequence[Query],
     unit: str = "short",
     steps: db.ThresholdsConfig | None = None,
     options_text: str = "auto",
     **kw,
-) -> stat.Panel:
+) -> sdk_stat.Panel:
     p = (
-        stat.Panel()
+        sdk_stat.Panel()
         .reduce_options(last_value())
         .color_mode(cm.BigValueColorMode.BACKGROUND)
         .graph_mode(cm.BigValueGraphMode.AREA)
@@ -258,14 +197,14 @@ def stat_panel(
     return common(p, title, queries, unit=unit, steps=steps, color=by_thresholds(), **kw)
 
 
-def table_panel(
+def table(
     title: str,
     queries: Sequence[Query],
     *,
     rename: dict[str, str] | None = None,
     hide: Sequence[str] = (),
     **kw,
-) -> table.Panel:
+) -> sdk_table.Panel:
     exclude = {name: True for name in ["Time", *hide]}
     organize = {"excludeByName": exclude, "renameByName": rename or {}}
     transformations = [
@@ -273,7 +212,7 @@ def table_panel(
         dm.DataTransformerConfig(id_val="organize", options=organize),
     ]
     p = (
-        table.Panel()
+        sdk_table.Panel()
         .show_header(True)
         .cell_height(cm.TableCellHeight.SM)
         .footer(cb.TableFooterOptions().show(False))
@@ -282,9 +221,9 @@ def table_panel(
     return common(p, title, queries, **kw)
 
 
-def gauge_panel(title: str, queries: Sequence[Query], **kw) -> gauge.Panel:
+def gauge(title: str, queries: Sequence[Query], **kw) -> sdk_gauge.Panel:
     p = (
-        gauge.Panel()
+        sdk_gauge.Panel()
         .reduce_options(last_value())
         .show_threshold_markers(True)
         .show_threshold_labels(False)
@@ -293,9 +232,9 @@ def gauge_panel(title: str, queries: Sequence[Query], **kw) -> gauge.Panel:
     return common(p, title, queries, color=by_thresholds(), **kw)
 
 
-def bargauge_panel(title: str, queries: Sequence[Query], **kw) -> bargauge.Panel:
+def bargauge(title: str, queries: Sequence[Query], **kw) -> sdk_bargauge.Panel:
     p = (
-        bargauge.Panel()
+        sdk_bargauge.Panel()
         .orientation(cm.VizOrientation.HORIZONTAL)
         .display_mode(cm.BarGaugeDisplayMode.GRADIENT)
         .reduce_options(last_value())
@@ -304,9 +243,9 @@ def bargauge_panel(title: str, queries: Sequence[Query], **kw) -> bargauge.Panel
     return common(p, title, queries, **kw)
 
 
-def logs_panel(title: str, queries: Sequence[Query], **kw) -> logs.Panel:
+def logs(title: str, queries: Sequence[Query], **kw) -> sdk_logs.Panel:
     p = (
-        logs.Panel()
+        sdk_logs.Panel()
         .show_time(True)
         .wrap_log_message(True)
         .sort_order(cm.LogsSortOrder.DESCENDING)
@@ -319,9 +258,9 @@ def logs_panel(title: str, queries: Sequence[Query], **kw) -> logs.Panel:
     return common(p, title, queries, datasource=LOKI, **kw)
 
 
-def heatmap_panel(title: str, query: pq.Dataquery, **kw) -> heatmap.Panel:
+def heatmap(title: str, query: Query, **kw) -> sdk_heatmap.Panel:
     colors = (
-        heatmap.HeatmapColorOptions()
+        sdk_heatmap.HeatmapColorOptions()
         .mode(hm.HeatmapColorMode.SCHEME)
         .scheme("RdYlGn")
         .fill("dark-orange")
@@ -333,10 +272,10 @@ def heatmap_panel(title: str, query: pq.Dataquery, **kw) -> heatmap.Panel:
         .max(100)
     )
     p = (
-        heatmap.Panel()
+        sdk_heatmap.Panel()
         .calculate(False)
-        .y_axis(heatmap.YAxisConfig().axis_placement(cm.AxisPlacement.LEFT).reverse(False))
-        .rows_frame(heatmap.RowsHeatmapOptions().layout(cm.HeatmapCellLayout.AUTO))
+        .y_axis(sdk_heatmap.YAxisConfig().axis_placement(cm.AxisPlacement.LEFT).reverse(False))
+        .rows_frame(sdk_heatmap.RowsHeatmapOptions().layout(cm.HeatmapCellLayout.AUTO))
         .color(colors)
         .cell_gap(1)
         .show_legend()
@@ -344,6 +283,6 @@ def heatmap_panel(title: str, query: pq.Dataquery, **kw) -> heatmap.Panel:
         .hide_y_histogram()
         .show_color_scale(True)
         .exemplars_color("rgba(255,0,255,0.7)")
-        .filter_values(heatmap.FilterValueRange().le(1e-09))
+        .filter_values(sdk_heatmap.FilterValueRange().le(1e-09))
     )
     return common(p, title, [query], **kw)
