@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Generate gpufleet's Grafana dashboards (the *.json files next to this script).
 
-    python3 roles/grafana/files/dashboards/generate.py            # rewrite the JSON files
-    python3 roles/grafana/files/dashboards/generate.py --check    # exit 1 if they differ
-    python3 roles/grafana/files/dashboards/generate.py --queries  # print every query
+    .venv/bin/python roles/grafana/files/dashboards/generate.py            # rewrite the JSON
+    .venv/bin/python roles/grafana/files/dashboards/generate.py --check    # exit 1 if they differ
+    .venv/bin/python roles/grafana/files/dashboards/generate.py --queries  # print every query
 
 The dashboards are built with Grafana's typed builders (grafana-foundation-sdk, pinned in
-pyproject.toml's `test` extra) in boards/: blocks.py holds the selectors, queries and panel
-style, frame.py the variables and layout, and one module per dashboard its rows.
+pyproject.toml's `test` extra) in boards/: queries.py holds the selectors and queries,
+panels.py the panel style, frame.py the variables, layout and dashboard settings, and one
+module per dashboard its rows.
 The panels read the recording rules of roles/prometheus/files/rules (fed by both the
 gpufleet GPU collector and dcgm-exporter), the Slurm exporter, node_exporter and
 Prometheus/Alertmanager self-metrics. No instance, host or port appears in a query: the

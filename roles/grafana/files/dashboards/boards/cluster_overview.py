@@ -17,6 +17,14 @@ MISSING = (
 )
 
 
+# What the dashboard shows, for its description in Grafana.
+DESCRIPTION = (
+    "GPUs up vs expected, utilization, memory, power, temperature, throttling, XID/ECC "
+    "events and GPUs Slurm allocated that sit idle. On the global tier the heatmap shows "
+    "one row per node; the ECC and critical-XID tables need a shard datasource."
+)
+
+
 def fleet_ratio(part: str, whole: str) -> Query:
     """One number for the selected nodes: node rollup `part` summed over `whole` summed."""
     return target(f"sum(node:{part}{{{N}}}) / sum(node:{whole}{{{N}}})")
@@ -95,25 +103,19 @@ def _heatmap() -> Panel:
     )
 
 
+def per_node(title: str, rollup: str, unit: str, top: float) -> Panel:
+    """One line per node of a node rollup from 0 to `top`."""
+    query = target(f"node:{rollup}{{{N}}}", "{{node}}")
+    return panels.timeseries(title, [query], unit, minmax=(0, top), links=[panels.NODE_LINK])
+
+
 def _per_node() -> list[Panel]:
     """Per-node lines, each linking to the node's detail dashboard."""
     power = target(f"sum(node:gpu_power_draw_watts:sum{{{N}}})", "power draw")
     limit = target(f"sum(node:gpu_power_limit_watts:sum{{{N}}})", "power limit", "B")
     return [
-        panels.timeseries(
-            "GPU utilization per node",
-            [target(f"node:gpu_utilization_percent:avg{{{N}}}", "{{node}}")],
-            "percent",
-            minmax=(0, 100),
-            links=[panels.NODE_LINK],
-        ),
-        panels.timeseries(
-            "GPU memory used per node",
-            [target(f"node:gpu_memory_utilization:ratio{{{N}}}", "{{node}}")],
-            "percentunit",
-            minmax=(0, 1),
-            links=[panels.NODE_LINK],
-        ),
+        per_node("GPU utilization per node", "gpu_utilization_percent:avg", "percent", 100),
+        per_node("GPU memory used per node", "gpu_memory_utilization:ratio", "percentunit", 1),
         panels.with_limit("GPU power draw vs limit", [power], limit, "watt"),
         panels.timeseries(
             "GPU temperature (hottest GPU per node)",
@@ -204,13 +206,12 @@ def _event_tables() -> list[Panel]:
 
 
 def build() -> dm.Dashboard:
+    rows = [*_gpus(), *section("Health events", _event_rates(), _event_tables())]
     return dashboard(
         "gpufleet-cluster-overview",
         "Cluster overview",
-        "GPUs up vs expected, utilization, memory, power, temperature, throttling, XID/ECC "
-        "events and GPUs Slurm allocated that sit idle. On the global tier the heatmap shows "
-        "one row per node; the ECC and critical-XID tables need a shard datasource.",
-        [*_gpus(), *section("Health events", _event_rates(), _event_tables())],
+        DESCRIPTION,
+        rows,
         common_variables(),
         tags=["gpu", "overview"],
     )

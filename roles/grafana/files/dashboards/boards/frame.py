@@ -98,7 +98,11 @@ def grid(h: int, w: int, x: int, y: int) -> dm.GridPos:
 
 
 def layout(dash: db.Dashboard, items: Sequence[Item]) -> None:
-    """Add rows and lines of panels (sized by span/height), filling 24-column lines in order."""
+    """Add rows and lines of panels (sized by span/height), filling 24-column lines in order.
+
+    Positions are set here: the SDK's own placement wraps only on overflow, and a line of
+    panels must start below the previous one.
+    """
     y, pid = 0, 1
     for item in items:
         if isinstance(item, db.Row):
@@ -171,12 +175,10 @@ def dashboard(
     refresh: str = "1m",
     time_from: str = "now-6h",
 ) -> dm.Dashboard:
-    dash = (
-        db.Dashboard(title)
-        .uid(uid)
-        .description(description)
-        .tags(["gpufleet", *tags])
-        .readonly()
+    """gpufleet's dashboard settings, links and annotations around `items` and `variables`."""
+    dash = db.Dashboard(title).uid(uid).description(description).tags(["gpufleet", *tags])
+    (
+        dash.readonly()
         .tooltip(dm.DashboardCursorSync.CROSSHAIR)
         .version(1)
         .refresh(refresh)

@@ -20,6 +20,14 @@ from .queries import CL, LOKI, loki_target
 STREAM = f'{CL}, rack=~"${{rack}}", node=~"${{node}}"'
 
 
+# What the dashboard shows, for its description in Grafana.
+DESCRIPTION = (
+    "Kernel XID lines and Slurm daemon logs per node from Loki (shipped by Alloy). XID "
+    "lines carry the labels xid and pci_bus_id; the GPU filter maps GPU indices to PCI "
+    "ids through Prometheus."
+)
+
+
 def _variables() -> list[Variable]:
     return [
         *common_variables(),
@@ -81,13 +89,12 @@ def _kernel() -> list[Item]:
 
 
 def build() -> dm.Dashboard:
+    rows = [*_nvidia_xid(), *_slurm_daemons(), *_kernel()]
     return dashboard(
         "gpufleet-logs",
         "Logs",
-        "Kernel XID lines and Slurm daemon logs per node from Loki (shipped by Alloy). XID "
-        "lines carry the labels xid and pci_bus_id; the GPU filter maps GPU indices to PCI "
-        "ids through Prometheus.",
-        [*_nvidia_xid(), *_slurm_daemons(), *_kernel()],
+        DESCRIPTION,
+        rows,
         _variables(),
         tags=["logs"],
         refresh="",

@@ -14,6 +14,15 @@ from .queries import CL, NODE_SEL, rate_sum, table_target, target
 C = CL
 
 
+# What the dashboard shows, for its description in Grafana.
+DESCRIPTION = (
+    "The monitoring itself: Prometheus shards and their series against capacity, "
+    "scrape durations, rule evaluation, the Alertmanager cluster and the freshness of "
+    "the GPU collector and the Slurm exporter. Pick a shard datasource to see one "
+    "shard's own view."
+)
+
+
 def _prometheus() -> list[Item]:
     per_prometheus = "{{node}} {{instance}}"
     head = f"max by (node, instance) (prometheus_tsdb_head_series{{{C}}})"
@@ -144,14 +153,16 @@ def build() -> dm.Dashboard:
     capacity = var_constant(
         "series_capacity", "Series per shard (capacity)", str(DEFAULT_MAX_SERIES_PER_SHARD)
     )
+    rows = [
+        *_prometheus(),
+        *section("Rules and alerts", _rules() + _alertmanager()),
+        *_collectors(),
+    ]
     return dashboard(
         "gpufleet-monitoring-health",
         "Monitoring health",
-        "The monitoring itself: Prometheus shards and their series against capacity, "
-        "scrape durations, rule evaluation, the Alertmanager cluster and the freshness of "
-        "the GPU collector and the Slurm exporter. Pick a shard datasource to see one "
-        "shard's own view.",
-        [*_prometheus(), *section("Rules and alerts", _rules() + _alertmanager()), *_collectors()],
+        DESCRIPTION,
+        rows,
         [*common_variables(), capacity],
         tags=["meta"],
     )

@@ -19,6 +19,14 @@ FS = (
 PER_GPU = "{{node}} GPU {{gpu}}"
 
 
+# What the dashboard shows, for its description in Grafana.
+DESCRIPTION = (
+    "One node: CPU, memory, per-GPU memory, utilization, temperature and power, disks "
+    "and network. Disk gauges read node_exporter series: on a sharded site pick the "
+    "node's shard datasource."
+)
+
+
 def _host() -> list[Item]:
     shard = target(f"max by (shard) (node:up:max{{{N}}})", "shard {{shard}}", instant=True)
     total = f"node:memory_total_bytes:sum{{{N}}}"
@@ -129,13 +137,12 @@ def _disks_and_network() -> list[Item]:
 
 
 def build() -> dm.Dashboard:
+    rows = [*_host(), *section("GPUs", _gpu_vitals() + _gpu_jobs()), *_disks_and_network()]
     return dashboard(
         "gpufleet-node-detail",
         "Node detail",
-        "One node: CPU, memory, per-GPU memory, utilization, temperature and power, disks "
-        "and network. Disk gauges read node_exporter series: on a sharded site pick the "
-        "node's shard datasource.",
-        [*_host(), *section("GPUs", _gpu_vitals() + _gpu_jobs()), *_disks_and_network()],
+        DESCRIPTION,
+        rows,
         common_variables(node_multi=False),
         tags=["gpu", "node"],
     )

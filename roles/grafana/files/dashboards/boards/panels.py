@@ -49,9 +49,7 @@ PCT = thresholds((None, "green"), (70, "yellow"), (90, "red"))
 TEMP = thresholds((None, "green"), (70, "yellow"), (80, "orange"), (85, "red"))
 
 
-def dashed(
-    ref: str, color: str | None = None, name: str | None = None
-) -> db.DashboardFieldConfigSourceOverrides:
+def dashed(ref: str, color: str | None = None) -> db.DashboardFieldConfigSourceOverrides:
     """Override that draws query `ref` as a dashed line (optionally in a fixed colour)."""
     props = [
         dm.DynamicConfigValue(id_val="custom.lineStyle", value={"fill": "dash", "dash": [10, 10]}),
@@ -61,8 +59,6 @@ def dashed(
     if color:
         fixed = {"mode": "fixed", "fixedColor": color}
         props.append(dm.DynamicConfigValue(id_val="color", value=fixed))
-    if name:
-        props.append(dm.DynamicConfigValue(id_val="displayName", value=name))
     return by_ref(ref, props)
 
 
@@ -101,10 +97,9 @@ def common(
     size: tuple[int, int] = (12, 8),
 ) -> Panel:
     """The settings every panel kind shares (title, queries, unit, colours, links, size)."""
-    builder.span(size[0]).height(size[1]).title(title).description(desc).datasource(
-        datasource
-    ).targets(list(queries))
-    builder.unit(unit).color_scheme(color or palette()).overrides(list(overrides))
+    builder.span(size[0]).height(size[1]).title(title).description(desc)
+    builder.datasource(datasource).targets(list(queries)).unit(unit)
+    builder.color_scheme(color or palette()).overrides(list(overrides))
     if steps:
         builder.thresholds(steps)
     if minmax[0] is not None:

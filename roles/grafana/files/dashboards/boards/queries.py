@@ -40,9 +40,6 @@ def dedup_replicas(expr: str) -> str:
     return FEDERATED.sub(r"max without (replica) (\1\2)", expr)
 
 
-# ------------------------------------------------------------------ queries
-
-
 def target(
     expr: str, legend: str = "", ref: str = "A", *, instant: bool = False, interval: str = ""
 ) -> pq.Dataquery:

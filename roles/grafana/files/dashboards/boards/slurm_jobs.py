@@ -13,6 +13,15 @@ J, C = JOB_SEL, CL
 JOB_LABELS = "job_id, user, account, partition"
 
 
+# What the dashboard shows, for its description in Grafana.
+DESCRIPTION = (
+    "GPU allocation and utilization per job, user, account and partition; the queue "
+    "with pending reasons; node states. The GPU totals, queue and node-state panels read "
+    "the Slurm exporter's cluster-wide series: on a sharded site pick the global tier "
+    "(it federates them, and holds the per-job, user and account rollups)."
+)
+
+
 def mean_utilization(by: str, rollup: str, sel: str) -> str:
     """Mean GPU utilization per `by` labels: a rollup's utilization sum over its GPU count."""
     group = f" by ({by}) " if by else ""
@@ -147,14 +156,12 @@ def _nodes() -> list[Item]:
 
 
 def build() -> dm.Dashboard:
+    rows = [*section("GPUs", _totals(), _running_jobs(), _per_owner()), *_queue(), *_nodes()]
     return dashboard(
         "gpufleet-slurm-jobs",
         "Slurm jobs",
-        "GPU allocation and utilization per job, user, account and partition; the queue "
-        "with pending reasons; node states. The GPU totals, queue and node-state panels read "
-        "the Slurm exporter's cluster-wide series: on a sharded site pick the global tier "
-        "(it federates them, and holds the per-job, user and account rollups).",
-        [*section("GPUs", _totals(), _running_jobs(), _per_owner()), *_queue(), *_nodes()],
+        DESCRIPTION,
+        rows,
         common_variables(),
         tags=["slurm"],
     )
