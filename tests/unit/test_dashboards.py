@@ -10,6 +10,7 @@ Prometheus/Alertmanager themselves (lists built from the sources in this reposit
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shutil
@@ -185,6 +186,23 @@ def test_the_five_dashboards_exist(dashboards):
         "monitoring-health.json",
         "logs.json",
     }
+
+
+GENERATOR = [DASHBOARDS / "generate.py", *sorted((DASHBOARDS / "boards").glob("*.py"))]
+MAX_FUNCTION_LINES = 60
+
+
+def test_generator_functions_are_short():
+    """Dashboards are built from small helpers, not one long function per dashboard."""
+    assert len(GENERATOR) > 5, GENERATOR
+    long = []
+    for path in GENERATOR:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.name}:{node.lineno} {node.name}() has {lines} lines")
+    assert not long, long
 
 
 def test_committed_json_is_the_generator_output():

@@ -1,0 +1,1 @@
+"""gpufleet dashboards built with grafana-foundation-sdk; generate.py renders them."""
