@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -42,6 +43,13 @@ exp = _load()
 @pytest.fixture
 def ex():
     return exp
+
+
+def run_exporter(*args: str) -> subprocess.CompletedProcess:
+    """The exporter's command line, as the role's unit and ``validate:`` run it."""
+    return subprocess.run(
+        [sys.executable, str(EXPORTER), *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def fixture_text(*parts: str) -> str:
