@@ -131,6 +131,14 @@ def metric_samples(text: str) -> dict[str, float]:
     return out
 
 
+def assert_samples(m: dict[str, float], expected: str) -> None:
+    """Each sample of ``expected`` (exposition text, indented; ``#`` lines are comments)
+    is in ``m`` with that value."""
+    want = metric_samples("\n".join(line.strip() for line in expected.splitlines()))
+    assert want, "no samples expected"
+    assert {key: m.get(key) for key in want} == want
+
+
 @pytest.fixture
 def fake_path(monkeypatch, tmp_path):
     """Put a directory first on PATH and return it."""
