@@ -70,7 +70,13 @@ class Placement:
         return max(self.loads) * len(self.loads) / total if total else 1.0
 
 
-def validate_pins(pins: Mapping[str, int], units: Mapping[str, int], shards: int) -> None:
+def checked_pins(
+    pins: Mapping[str, int] | None, units: Mapping[str, int], shards: int
+) -> dict[str, int]:
+    """``pins`` as a dict, once ``shards`` and every pin are known to be valid."""
+    if shards < 1:
+        raise ShardingError(f"shards must be >= 1, got {shards}")
+    pins = dict(pins or {})
     for unit, shard in pins.items():
         if unit not in units:
             raise ShardingError(f"pinned unit {unit!r} is not in the plan")
@@ -78,6 +84,7 @@ def validate_pins(pins: Mapping[str, int], units: Mapping[str, int], shards: int
             raise ShardingError(
                 f"{unit} is pinned to shard {shard}, but shards are 0..{shards - 1}"
             )
+    return pins
 
 
 def place(
@@ -87,10 +94,7 @@ def place(
     max_imbalance: float = DEFAULT_MAX_IMBALANCE,
 ) -> Placement:
     """Place every unit on a shard. Deterministic for the same input, in any order."""
-    if shards < 1:
-        raise ShardingError(f"shards must be >= 1, got {shards}")
-    pins = dict(pins or {})
-    validate_pins(pins, weights, shards)
+    pins = checked_pins(pins, weights, shards)
     loads = [0] * shards
     assignment: dict[str, int] = {}
     scores: dict[str, list[int]] = {}
@@ -145,10 +149,7 @@ def relieve_overloaded(
 
 
 def place_largest_first(
-    weights: Mapping[str, int],
-    shards: int,
-    pins: Mapping[str, int] | None = None,
-    max_imbalance: float = DEFAULT_MAX_IMBALANCE,
+    weights: Mapping[str, int], shards: int, pins: Mapping[str, int], max_imbalance: float
 ) -> Placement:
     """Few, big units (racks): largest first, each to its best-ranked shard with room.
 
@@ -157,24 +158,35 @@ def place_largest_first(
     the rendezvous ranking still decides between shards that have room, so a unit keeps
     its shard as long as it fits there.
     """
-    if shards < 1:
-        raise ShardingError(f"shards must be >= 1, got {shards}")
-    pins = dict(pins or {})
-    validate_pins(pins, weights, shards)
+    pins = checked_pins(pins, weights, shards)
     cap = max_imbalance * sum(weights.values()) / shards
     loads = [0] * shards
     assignment: dict[str, int] = {}
     for unit, shard in pins.items():
         assignment[unit] = shard
         loads[shard] += weights[unit]
-    for unit in sorted((u for u in weights if u not in pins), key=lambda u: (-weights[u], u)):
+    unpinned = [unit for unit in weights if unit not in pins]
+    fill_largest_first(unpinned, weights, ScoreCache(shards), cap, assignment, loads)
+    return Placement(assignment={u: assignment[u] for u in weights}, loads=tuple(loads))
+
+
+def fill_largest_first(
+    units: Iterable[str],
+    weights: Mapping[str, int],
+    scores: Mapping[str, list[int]],
+    cap: float,
+    assignment: dict[str, int],
+    loads: list[int],
+) -> None:
+    """Place ``units`` largest first, each on its best-ranked shard with room under ``cap``,
+    else on the lightest shard (in place)."""
+    for unit in sorted(units, key=lambda u: (-weights[u], u)):
         weight = weights[unit]
-        preferred = ranking(shard_scores(unit, shards))
+        preferred = ranking(scores[unit])
         fitting = [shard for shard in preferred if loads[shard] + weight <= cap]
         shard = fitting[0] if fitting else min(preferred, key=loads.__getitem__)
         assignment[unit] = shard
         loads[shard] += weight
-    return Placement(assignment={u: assignment[u] for u in weights}, loads=tuple(loads))
 
 
 class ScoreCache(dict):
@@ -212,10 +224,7 @@ def place_sticky(
        balance without moving anyone until then); then shards above the cap hand over
        their least attached units, to a new shard first, until they fit.
     """
-    if shards < 1:
-        raise ShardingError(f"shards must be >= 1, got {shards}")
-    pins = dict(pins or {})
-    validate_pins(pins, weights, shards)
+    pins = checked_pins(pins, weights, shards)
     mean = sum(weights.values()) / shards
     cap = max_imbalance * mean
     scores = ScoreCache(shards)
@@ -231,13 +240,7 @@ def place_sticky(
         loads[shard] += weight
     if shards > previous_shards:
         migrate_to_new_shards(assignment, loads, weights, scores, previous_shards, mean, pins)
-    for unit in sorted(unplaced, key=lambda u: (-weights[u], u)):
-        weight = weights[unit]
-        preferred = ranking(scores[unit])
-        fitting = [shard for shard in preferred if loads[shard] + weight <= cap]
-        shard = fitting[0] if fitting else min(preferred, key=loads.__getitem__)
-        assignment[unit] = shard
-        loads[shard] += weight
+    fill_largest_first(unplaced, weights, scores, cap, assignment, loads)
     trigger = (max_imbalance + rebalance_margin) * mean
     if shards > 1 and (shards != previous_shards or max(loads) > trigger):
         new_shards = range(previous_shards, shards)  # empty unless shards were added
