@@ -1364,48 +1364,34 @@ def add_job_gpu_metrics(
 
 def add_sdiag_metrics(reg: Registry, sd: Sdiag) -> None:
     v = sd.values
+    # sdiag value -> help text; the metric is slurm_scheduler_<value> (counters: ..._total).
     gauges = {
-        "slurm_scheduler_threads": ("threads", "Number of scheduler threads"),
-        "slurm_scheduler_queue_size": ("queue_size", "Length of the scheduler (agent) queue"),
-        "slurm_scheduler_dbd_queue_size": ("dbd_queue_size", "Length of the DBD agent queue"),
-        "slurm_scheduler_last_cycle": ("last_cycle", "Last scheduler cycle time (microseconds)"),
-        "slurm_scheduler_mean_cycle": ("mean_cycle", "Mean scheduler cycle time (microseconds)"),
-        "slurm_scheduler_cycle_per_minute": ("cycle_per_minute", "Scheduler cycles per minute"),
-        "slurm_scheduler_backfill_last_cycle": (
-            "backfill_last_cycle",
-            "Last backfill cycle time (microseconds)",
-        ),
-        "slurm_scheduler_backfill_mean_cycle": (
-            "backfill_mean_cycle",
-            "Mean backfill cycle time (microseconds)",
-        ),
-        "slurm_scheduler_backfill_depth_mean": ("backfill_depth_mean", "Mean backfill depth"),
-        "slurm_scheduler_jobs_submitted": ("jobs_submitted", "Jobs submitted since stats reset"),
-        "slurm_scheduler_jobs_started": ("jobs_started", "Jobs started since stats reset"),
-        "slurm_scheduler_jobs_completed": ("jobs_completed", "Jobs completed since stats reset"),
-        "slurm_scheduler_jobs_canceled": ("jobs_canceled", "Jobs canceled since stats reset"),
-        "slurm_scheduler_jobs_failed": ("jobs_failed", "Jobs failed since stats reset"),
+        "threads": "Number of scheduler threads",
+        "queue_size": "Length of the scheduler (agent) queue",
+        "dbd_queue_size": "Length of the DBD agent queue",
+        "last_cycle": "Last scheduler cycle time (microseconds)",
+        "mean_cycle": "Mean scheduler cycle time (microseconds)",
+        "cycle_per_minute": "Scheduler cycles per minute",
+        "backfill_last_cycle": "Last backfill cycle time (microseconds)",
+        "backfill_mean_cycle": "Mean backfill cycle time (microseconds)",
+        "backfill_depth_mean": "Mean backfill depth",
+        "jobs_submitted": "Jobs submitted since stats reset",
+        "jobs_started": "Jobs started since stats reset",
+        "jobs_completed": "Jobs completed since stats reset",
+        "jobs_canceled": "Jobs canceled since stats reset",
+        "jobs_failed": "Jobs failed since stats reset",
     }
-    for name, (key, help_text) in gauges.items():
-        if key in v:
-            reg.gauge(name, help_text, v[key])
     counters = {
-        "slurm_scheduler_backfilled_jobs_since_start_total": (
-            "backfilled_jobs_since_start",
-            "Jobs started by backfill since slurmctld start",
-        ),
-        "slurm_scheduler_backfilled_jobs_since_cycle_total": (
-            "backfilled_jobs_since_cycle",
-            "Jobs started by backfill since the last stats cycle",
-        ),
-        "slurm_scheduler_backfilled_heterogeneous_total": (
-            "backfilled_heterogeneous",
-            "Heterogeneous job components started by backfill",
-        ),
+        "backfilled_jobs_since_start": "Jobs started by backfill since slurmctld start",
+        "backfilled_jobs_since_cycle": "Jobs started by backfill since the last stats cycle",
+        "backfilled_heterogeneous": "Heterogeneous job components started by backfill",
     }
-    for name, (key, help_text) in counters.items():
+    for key, help_text in gauges.items():
         if key in v:
-            reg.family(name, help_text, "counter").set(v[key])
+            reg.gauge(f"slurm_scheduler_{key}", help_text, v[key])
+    for key, help_text in counters.items():
+        if key in v:
+            reg.family(f"slurm_scheduler_{key}_total", help_text, "counter").set(v[key])
     for op, (count, avg, total) in sorted(sd.rpc_by_type.items()):
         reg.gauge("slurm_rpc_stats", "RPC count by message type", count, operation=op)
         reg.gauge("slurm_rpc_stats_avg_time", "RPC average time (microseconds)", avg, operation=op)
