@@ -70,7 +70,13 @@ class Placement:
         return max(self.loads) * len(self.loads) / total if total else 1.0
 
 
-def validate_pins(pins: Mapping[str, int], units: Mapping[str, int], shards: int) -> None:
+def checked_pins(
+    pins: Mapping[str, int] | None, units: Mapping[str, int], shards: int
+) -> dict[str, int]:
+    """``pins`` as a dict, once ``shards`` and every pin are known to be valid."""
+    if shards < 1:
+        raise ShardingError(f"shards must be >= 1, got {shards}")
+    pins = dict(pins or {})
     for unit, shard in pins.items():
         if unit not in units:
             raise ShardingError(f"pinned unit {unit!r} is not in the plan")
@@ -78,103 +84,7 @@ def validate_pins(pins: Mapping[str, int], units: Mapping[str, int], shards: int
             raise ShardingError(
                 f"{unit} is pinned to shard {shard}, but shards are 0..{shards - 1}"
             )
-
-
-def place(
-    weights: Mapping[str, int],
-    shards: int,
-    pins: Mapping[str, int] | None = None,
-    max_imbalance: float = DEFAULT_MAX_IMBALANCE,
-) -> Placement:
-    """Place every unit on a shard. Deterministic for the same input, in any order."""
-    if shards < 1:
-        raise ShardingError(f"shards must be >= 1, got {shards}")
-    pins = dict(pins or {})
-    validate_pins(pins, weights, shards)
-    loads = [0] * shards
-    assignment: dict[str, int] = {}
-    scores: dict[str, list[int]] = {}
-    for unit, weight in weights.items():
-        if unit in pins:
-            shard = pins[unit]
-        else:
-            unit_scores = shard_scores(unit, shards)
-            scores[unit] = unit_scores
-            shard = max(range(shards), key=unit_scores.__getitem__)
-        assignment[unit] = shard
-        loads[shard] += weight
-    if shards > 1:
-        cap = max_imbalance * sum(loads) / shards
-        relieve_overloaded(assignment, loads, weights, scores, cap, pins)
-    return Placement(assignment=assignment, loads=tuple(loads))
-
-
-def relieve_overloaded(
-    assignment: dict[str, int],
-    loads: list[int],
-    weights: Mapping[str, int],
-    scores: Mapping[str, list[int]],
-    cap: float,
-    pinned: Collection[str] = (),
-    preferred: Sequence[int] = (),
-) -> None:
-    """Move the least attached unpinned units out of shards above ``cap`` (in place).
-
-    Each evicted unit goes to the first ``preferred`` shard, else its best-ranked other
-    shard, that stays under ``cap``.
-    """
-    overloaded = [shard for shard in range(len(loads)) if loads[shard] > cap]
-    if not overloaded:
-        return
-    members: dict[int, list[str]] = {shard: [] for shard in overloaded}
-    for unit, shard in assignment.items():
-        if shard in members and unit not in pinned:
-            members[shard].append(unit)
-    for shard in sorted(overloaded, key=lambda s: (-loads[s], s)):
-        candidates = sorted(members[shard], key=lambda unit: (scores[unit][shard], unit))
-        for unit in candidates:
-            if loads[shard] <= cap:
-                break
-            weight = weights[unit]
-            for target in (*preferred, *ranking(scores[unit])):
-                if target != shard and loads[target] + weight <= cap:
-                    assignment[unit] = target
-                    loads[shard] -= weight
-                    loads[target] += weight
-                    break
-
-
-def place_largest_first(
-    weights: Mapping[str, int],
-    shards: int,
-    pins: Mapping[str, int] | None = None,
-    max_imbalance: float = DEFAULT_MAX_IMBALANCE,
-) -> Placement:
-    """Few, big units (racks): largest first, each to its best-ranked shard with room.
-
-    With a handful of units per shard, evicting units after the fact rarely finds a fit;
-    placing the largest units first (as the LPT heuristic does) balances far better, and
-    the rendezvous ranking still decides between shards that have room, so a unit keeps
-    its shard as long as it fits there.
-    """
-    if shards < 1:
-        raise ShardingError(f"shards must be >= 1, got {shards}")
-    pins = dict(pins or {})
-    validate_pins(pins, weights, shards)
-    cap = max_imbalance * sum(weights.values()) / shards
-    loads = [0] * shards
-    assignment: dict[str, int] = {}
-    for unit, shard in pins.items():
-        assignment[unit] = shard
-        loads[shard] += weights[unit]
-    for unit in sorted((u for u in weights if u not in pins), key=lambda u: (-weights[u], u)):
-        weight = weights[unit]
-        preferred = ranking(shard_scores(unit, shards))
-        fitting = [shard for shard in preferred if loads[shard] + weight <= cap]
-        shard = fitting[0] if fitting else min(preferred, key=loads.__getitem__)
-        assignment[unit] = shard
-        loads[shard] += weight
-    return Placement(assignment={u: assignment[u] for u in weights}, loads=tuple(loads))
+    return pins
 
 
 class ScoreCache(dict):
@@ -187,6 +97,140 @@ class ScoreCache(dict):
     def __missing__(self, unit: str) -> list[int]:
         scores = self[unit] = shard_scores(unit, self.shards)
         return scores
+
+
+class Packing:
+    """A placement being built: unit -> shard and the weight per shard, changed together."""
+
+    def __init__(
+        self, weights: Mapping[str, int], shards: int, scores: Mapping[str, list[int]]
+    ) -> None:
+        self.weights = weights
+        self.scores = scores
+        self.loads = [0] * shards
+        self.assignment: dict[str, int] = {}
+
+    def put(self, unit: str, shard: int) -> None:
+        self.assignment[unit] = shard
+        self.loads[shard] += self.weights[unit]
+
+    def move(self, unit: str, target: int) -> None:
+        self.loads[self.assignment[unit]] -= self.weights[unit]
+        self.put(unit, target)
+
+    def placement(self) -> Placement:
+        return Placement(
+            assignment={u: self.assignment[u] for u in self.weights}, loads=tuple(self.loads)
+        )
+
+    def fill_largest_first(self, units: Iterable[str], cap: float) -> None:
+        """Place ``units`` largest first, each on its best-ranked shard with room under
+        ``cap``, else on the lightest shard."""
+        weights, loads = self.weights, self.loads
+        for unit in sorted(units, key=lambda u: (-weights[u], u)):
+            weight = weights[unit]
+            preferred = ranking(self.scores[unit])
+            fitting = [shard for shard in preferred if loads[shard] + weight <= cap]
+            self.put(unit, fitting[0] if fitting else min(preferred, key=loads.__getitem__))
+
+    def relieve_overloaded(
+        self, cap: float, pinned: Collection[str] = (), preferred: Sequence[int] = ()
+    ) -> None:
+        """Move the least attached unpinned units out of shards above ``cap``.
+
+        Each evicted unit goes to the first ``preferred`` shard, else its best-ranked other
+        shard, that stays under ``cap``.
+        """
+        loads, scores = self.loads, self.scores
+        overloaded = [shard for shard in range(len(loads)) if loads[shard] > cap]
+        if not overloaded:
+            return
+        members: dict[int, list[str]] = {shard: [] for shard in overloaded}
+        for unit, shard in self.assignment.items():
+            if shard in members and unit not in pinned:
+                members[shard].append(unit)
+        for shard in sorted(overloaded, key=lambda s: (-loads[s], s)):
+            candidates = sorted(members[shard], key=lambda unit: (scores[unit][shard], unit))
+            for unit in candidates:
+                if loads[shard] <= cap:
+                    break
+                weight = self.weights[unit]
+                for target in (*preferred, *ranking(scores[unit])):
+                    if target != shard and loads[target] + weight <= cap:
+                        self.move(unit, target)
+                        break
+
+    def migrate_to_new_shards(self, first_new: int, target: float, pinned: Collection[str]) -> None:
+        """Move units whose top shard is new (index >= ``first_new``) there, up to ``target``.
+
+        Only such units move (as in pure rendezvous hashing). They are taken from the
+        heaviest old shard first, most attached first, which also levels the old shards.
+        """
+        loads, weights = self.loads, self.weights
+        queues: dict[int, list[tuple[int, str, int]]] = {}
+        for unit, shard in self.assignment.items():
+            if unit in pinned:
+                continue
+            unit_scores = self.scores[unit]
+            top = max(range(len(unit_scores)), key=unit_scores.__getitem__)
+            if top >= first_new and shard < first_new:
+                queues.setdefault(shard, []).append((-unit_scores[top], unit, top))
+        for queue in queues.values():
+            queue.sort(reverse=True)  # most attached last: pop() takes it
+        while queues:
+            for source in list(queues):
+                queue = queues[source]
+                # New shards only fill up: a unit that does not fit now never will.
+                while queue and loads[queue[-1][2]] + weights[queue[-1][1]] > target:
+                    queue.pop()
+                if not queue or loads[source] <= target:
+                    del queues[source]
+            if not queues:
+                break
+            source = max(queues, key=lambda shard: (loads[shard], -shard))
+            _, unit, top = queues[source].pop()
+            self.move(unit, top)
+
+
+def place(
+    weights: Mapping[str, int],
+    shards: int,
+    pins: Mapping[str, int] | None = None,
+    max_imbalance: float = DEFAULT_MAX_IMBALANCE,
+) -> Placement:
+    """Place every unit on a shard. Deterministic for the same input, in any order."""
+    pins = checked_pins(pins, weights, shards)
+    # Only unpinned units are scored: relieve_overloaded() never moves a pinned one.
+    scores: dict[str, list[int]] = {}
+    packing = Packing(weights, shards, scores)
+    for unit in weights:
+        if unit in pins:
+            packing.put(unit, pins[unit])
+        else:
+            unit_scores = scores[unit] = shard_scores(unit, shards)
+            packing.put(unit, max(range(shards), key=unit_scores.__getitem__))
+    if shards > 1:
+        packing.relieve_overloaded(max_imbalance * sum(packing.loads) / shards, pins)
+    return packing.placement()
+
+
+def place_largest_first(
+    weights: Mapping[str, int], shards: int, pins: Mapping[str, int], max_imbalance: float
+) -> Placement:
+    """Few, big units (racks): largest first, each to its best-ranked shard with room.
+
+    With a handful of units per shard, evicting units after the fact rarely finds a fit;
+    placing the largest units first (as the LPT heuristic does) balances far better, and
+    the rendezvous ranking still decides between shards that have room, so a unit keeps
+    its shard as long as it fits there.
+    """
+    pins = checked_pins(pins, weights, shards)
+    packing = Packing(weights, shards, ScoreCache(shards))
+    for unit, shard in pins.items():
+        packing.put(unit, shard)
+    unpinned = [unit for unit in weights if unit not in pins]
+    packing.fill_largest_first(unpinned, max_imbalance * sum(weights.values()) / shards)
+    return packing.placement()
 
 
 def place_sticky(
@@ -212,78 +256,25 @@ def place_sticky(
        balance without moving anyone until then); then shards above the cap hand over
        their least attached units, to a new shard first, until they fit.
     """
-    if shards < 1:
-        raise ShardingError(f"shards must be >= 1, got {shards}")
-    pins = dict(pins or {})
-    validate_pins(pins, weights, shards)
+    pins = checked_pins(pins, weights, shards)
     mean = sum(weights.values()) / shards
     cap = max_imbalance * mean
-    scores = ScoreCache(shards)
-    loads = [0] * shards
-    assignment: dict[str, int] = {}
+    packing = Packing(weights, shards, ScoreCache(shards))
     unplaced: list[str] = []
-    for unit, weight in weights.items():
+    for unit in weights:
         shard = pins.get(unit, previous.get(unit))
         if shard is None or not 0 <= shard < shards:
             unplaced.append(unit)
-            continue
-        assignment[unit] = shard
-        loads[shard] += weight
+        else:
+            packing.put(unit, shard)
     if shards > previous_shards:
-        migrate_to_new_shards(assignment, loads, weights, scores, previous_shards, mean, pins)
-    for unit in sorted(unplaced, key=lambda u: (-weights[u], u)):
-        weight = weights[unit]
-        preferred = ranking(scores[unit])
-        fitting = [shard for shard in preferred if loads[shard] + weight <= cap]
-        shard = fitting[0] if fitting else min(preferred, key=loads.__getitem__)
-        assignment[unit] = shard
-        loads[shard] += weight
+        packing.migrate_to_new_shards(previous_shards, mean, pins)
+    packing.fill_largest_first(unplaced, cap)
     trigger = (max_imbalance + rebalance_margin) * mean
-    if shards > 1 and (shards != previous_shards or max(loads) > trigger):
+    if shards > 1 and (shards != previous_shards or max(packing.loads) > trigger):
         new_shards = range(previous_shards, shards)  # empty unless shards were added
-        relieve_overloaded(assignment, loads, weights, scores, cap, pins, new_shards)
-    return Placement(assignment={u: assignment[u] for u in weights}, loads=tuple(loads))
-
-
-def migrate_to_new_shards(
-    assignment: dict[str, int],
-    loads: list[int],
-    weights: Mapping[str, int],
-    scores: Mapping[str, list[int]],
-    first_new: int,
-    target: float,
-    pinned: Collection[str],
-) -> None:
-    """Move units whose top shard is new (index >= ``first_new``) there, up to ``target``.
-
-    Only such units move (as in pure rendezvous hashing). They are taken from the
-    heaviest old shard first, most attached first, which also levels the old shards.
-    """
-    queues: dict[int, list[tuple[int, str, int]]] = {}
-    for unit, shard in assignment.items():
-        if unit in pinned:
-            continue
-        unit_scores = scores[unit]
-        top = max(range(len(unit_scores)), key=unit_scores.__getitem__)
-        if top >= first_new and shard < first_new:
-            queues.setdefault(shard, []).append((-unit_scores[top], unit, top))
-    for queue in queues.values():
-        queue.sort(reverse=True)  # most attached last: pop() takes it
-    while queues:
-        for source in list(queues):
-            queue = queues[source]
-            # New shards only fill up: a unit that does not fit now never will.
-            while queue and loads[queue[-1][2]] + weights[queue[-1][1]] > target:
-                queue.pop()
-            if not queue or loads[source] <= target:
-                del queues[source]
-        if not queues:
-            break
-        source = max(queues, key=lambda shard: (loads[shard], -shard))
-        _, unit, top = queues[source].pop()
-        loads[source] -= weights[unit]
-        loads[top] += weights[unit]
-        assignment[unit] = top
+        packing.relieve_overloaded(cap, pins, new_shards)
+    return packing.placement()
 
 
 def group_units(unit_of: Mapping[str, str], weights: Mapping[str, int]) -> dict[str, int]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -245,27 +245,42 @@ def all_roles() -> list[Role]:
 # --------------------------------------------------------------- the audit
 
 
-def secrets_reached(role: Role, refs: set[tuple[str, str | None]]) -> set[str]:
-    """The secret-named variables these references can carry, through the role's vars."""
-    found: set[str] = set()
+def walk_definitions(
+    role: Role,
+    refs: Iterable[tuple[str, str | None]],
+    follow: Callable[[str, str | None], bool],
+) -> None:
+    """Visit each (variable, attribute) reference reachable from ``refs`` through the role's
+    variable definitions, once; a reference's definitions are followed where ``follow``
+    (called once per reference) says so."""
     seen: set[tuple[str, str | None]] = set()
     todo = list(refs)
     while todo:
-        name, attr = todo.pop()
-        if (name, attr) in seen:
+        name, attr = ref = todo.pop()
+        if ref in seen:
             continue
-        seen.add((name, attr))
-        if attr in PUBLIC_ATTRS:
-            continue
-        if NOT_SECRET.search(name):
-            continue
-        if SECRET_NAME.search(name) or (attr and SECRET_NAME.search(attr)):
-            found.add(name if attr is None else f"{name}.{attr}")
+        seen.add(ref)
+        if not follow(name, attr):
             continue
         for value in role.definitions.get(name, []):
             if attr is not None and isinstance(value, dict):
                 value = value.get(attr)
             todo.extend(value_refs(value))
+
+
+def secrets_reached(role: Role, refs: set[tuple[str, str | None]]) -> set[str]:
+    """The secret-named variables these references can carry, through the role's vars."""
+    found: set[str] = set()
+
+    def follow(name: str, attr: str | None) -> bool:
+        if attr in PUBLIC_ATTRS or NOT_SECRET.search(name):
+            return False
+        if SECRET_NAME.search(name) or (attr and SECRET_NAME.search(attr)):
+            found.add(name if attr is None else f"{name}.{attr}")
+            return False
+        return True
+
+    walk_definitions(role, refs, follow)
     return found
 
 

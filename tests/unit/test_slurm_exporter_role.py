@@ -30,11 +30,14 @@ def web_config(overrides: dict) -> dict:
     return json.loads(render(ROLE, "web-config.json.j2", HOST, overrides))
 
 
-def check(doc: dict, tmp_path: Path) -> subprocess.CompletedProcess:
-    path = tmp_path / "web-config.json"
+def check(
+    doc: dict, tmp_path: Path, option: str = "--check-web-config"
+) -> subprocess.CompletedProcess:
+    """``doc`` written to a file and checked by the exporter, as the role's ``validate:``."""
+    path = tmp_path / "checked.json"
     path.write_text(json.dumps(doc))
     return subprocess.run(
-        [sys.executable, str(EXPORTER), "--check-web-config", str(path)],
+        [sys.executable, str(EXPORTER), option, str(path)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -129,14 +132,7 @@ def test_the_node_map_is_the_inventory_plugins_shard_plan(tmp_path):
         assert all(hostvars[h]["gpufleet_shard"] == int(shard) for h in hosts)
     assert sorted(h for hosts in doc["shards"].values() for h in hosts) == sorted(hostvars)
     # What the role validates the file with accepts it.
-    path = tmp_path / "node-shards.json"
-    path.write_text(json.dumps(doc))
-    result = subprocess.run(
-        [sys.executable, str(EXPORTER), "--check-node-map", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = check(doc, tmp_path, "--check-node-map")
     assert result.returncode == 0, result.stderr
     task = node_map_task()
     assert task["dest"] == "{{ _slurm_exporter_node_map }}"
@@ -148,14 +144,7 @@ def test_a_hostile_host_name_never_reaches_the_exporter_unchecked(tmp_path):
     groups = {**groups, "prometheus_shard_1": [*groups["prometheus_shard_1"], 'x" ,"y\nz']}
     doc = node_map((groups, hostvars))
     assert 'x" ,"y\nz' in doc["shards"]["1"]  # JSON-quoted, one name
-    path = tmp_path / "node-shards.json"
-    path.write_text(json.dumps(doc))
-    result = subprocess.run(
-        [sys.executable, str(EXPORTER), "--check-node-map", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = check(doc, tmp_path, "--check-node-map")
     assert result.returncode == 2 and "invalid node name" in result.stderr
 
 

@@ -31,7 +31,7 @@ from render_role import (
     template_value,
     trust_as_template,
 )
-from test_secrets_audit import all_roles, jinja_refs, templates_of
+from test_secrets_audit import all_roles, jinja_refs, templates_of, walk_definitions
 
 SYSTEMD_DIR = "/etc/systemd/system/"
 REQUIRED = ("MemoryMax", "TasksMax", "NoNewPrivileges", "CapabilityBoundingSet")
@@ -370,30 +370,17 @@ def control_check(role: str) -> dict:
 
 
 def public_reached(role, refs: set) -> set[str]:
+    """The role's defaults (public variables) these references can carry."""
     public = set(yaml.safe_load((role.path / "defaults" / "main.yml").read_text()) or {})
-    found, seen, todo = set(), set(), list(refs)
-    while todo:
-        name, attr = todo.pop()
-        if (name, attr) in seen:
-            continue
-        seen.add((name, attr))
+    found: set[str] = set()
+
+    def follow(name: str, _attr: str | None) -> bool:
         if name in public:
             found.add(name)
-        for value in role.definitions.get(name, []):
-            if attr is not None and isinstance(value, dict):
-                value = value.get(attr)
-            todo.extend(_refs(value))
+        return True
+
+    walk_definitions(role, refs, follow)
     return found
-
-
-def _refs(value) -> set:
-    if isinstance(value, str):
-        return jinja_refs(value)
-    if isinstance(value, dict):
-        return set().union(set(), *(_refs(v) for v in value.values()))
-    if isinstance(value, list):
-        return set().union(set(), *(_refs(v) for v in value))
-    return set()
 
 
 ROLE_MODELS = {role.name: role for role in all_roles()}

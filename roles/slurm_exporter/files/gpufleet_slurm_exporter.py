@@ -42,14 +42,16 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import Any, TypeVar
 
 __version__ = "0.1.0"
 
+_T = TypeVar("_T")
 LOG = logging.getLogger("gpufleet_slurm_exporter")
 
 # The exact command lines. tests/fixtures/slurm/capture.sh runs the same ones.
@@ -499,20 +501,27 @@ def parse_version(text: str) -> str | None:
     return m.group(1) if m else None
 
 
+def _pipe_records(
+    lines: Iterable[str], width: int, *, last_takes_rest: bool = True
+) -> Iterator[tuple[str, ...] | None]:
+    """The non-blank lines as ``width`` "|"-separated, stripped fields; None for a line
+    with fewer (or, unless the last field takes the rest of the line, more)."""
+    for line in lines:
+        if not line.strip():
+            continue
+        fields = line.split("|", width - 1) if last_takes_rest else line.split("|")
+        yield tuple(f.strip() for f in fields) if len(fields) == width else None
+
+
 def parse_sinfo_nodes(text: str) -> tuple[list[NodeRow], int]:
     """Parse ``sinfo -h -N -O NodeList:|,PartitionName:|,...,Reason:``."""
     rows: list[NodeRow] = []
     bad = 0
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        fields = line.split("|", 9)
-        if len(fields) != 10:
+    for fields in _pipe_records(text.splitlines(), 10):
+        if fields is None:
             bad += 1
             continue
-        node, part, state, cpus, amem, mem, gres, gres_used, ts, reason = (
-            f.strip() for f in fields
-        )
+        node, part, state, cpus, amem, mem, gres, gres_used, ts, reason = fields
         cpu_parts = cpus.split("/")
         if not node or len(cpu_parts) != 4:
             bad += 1
@@ -552,16 +561,11 @@ def parse_squeue(text: str) -> tuple[list[QueueRow], int]:
     """
     rows: list[QueueRow] = []
     bad = 0
-    for line in text.split("\n"):
-        if not line.strip():
-            continue
-        fields = line.split("|", 8)
-        if len(fields) != 9:
+    for fields in _pipe_records(text.split("\n"), 9):
+        if fields is None:
             bad += 1
             continue
-        job_id, display, state, parts, user, account, cpus, nodes, reason = (
-            f.strip() for f in fields
-        )
+        job_id, display, state, parts, user, account, cpus, nodes, reason = fields
         if not job_id or not state or not cpus.isdigit():
             bad += 1
             continue
@@ -969,6 +973,15 @@ _SDIAG_BACKFILL = {
     "Last queue length": "backfill_last_queue_length",
     "Queue length mean": "backfill_queue_length_mean",
 }
+# sdiag's section headings (lower case, as a line starts) and the section each opens.
+_SDIAG_SECTIONS = (
+    ("main schedule statistics", "main"),
+    ("backfilling stats", "backfill"),
+    ("remote procedure call statistics by message type", "rpc_type"),
+    ("remote procedure call statistics by user", "rpc_user"),
+    ("pending rpc statistics", "other"),
+    ("latency for", "other"),
+)
 _RPC_RE = re.compile(r"^\s*(\S+)\s*\(\s*(\d+)\)\s*count:(\d+)\s+ave_time:(\d+)\s+total_time:(\d+)")
 
 
@@ -982,20 +995,9 @@ def parse_sdiag(text: str) -> tuple[Sdiag, int]:
         if not line or line.startswith("*"):
             continue
         low = line.lower()
-        if low.startswith("main schedule statistics"):
-            section = "main"
-            continue
-        if low.startswith("backfilling stats"):
-            section = "backfill"
-            continue
-        if low.startswith("remote procedure call statistics by message type"):
-            section = "rpc_type"
-            continue
-        if low.startswith("remote procedure call statistics by user"):
-            section = "rpc_user"
-            continue
-        if low.startswith("pending rpc statistics") or low.startswith("latency for"):
-            section = "other"
+        heading = next((name for start, name in _SDIAG_SECTIONS if low.startswith(start)), None)
+        if heading is not None:
+            section = heading
             continue
         if section in ("rpc_type", "rpc_user"):
             m = _RPC_RE.match(line)
@@ -1027,14 +1029,11 @@ def parse_sshare(text: str) -> tuple[list[ShareRow], int]:
     """
     rows: list[ShareRow] = []
     bad = 0
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        fields = line.split("|")
-        if len(fields) != 7:
+    for fields in _pipe_records(text.splitlines(), 7, last_takes_rest=False):
+        if fields is None:
             bad += 1
             continue
-        account, user = fields[0].strip(), fields[1].strip()
+        account, user = fields[0], fields[1]
         if not account:
             bad += 1
             continue
@@ -1153,14 +1152,32 @@ def _unique_nodes(rows: Iterable[NodeRow]) -> list[NodeRow]:
     return list(seen.values())
 
 
+# NodeRow's CPU counts (cpu_<kind>) and the word their metrics' help text uses.
+CPU_COUNTS = (("alloc", "Allocated"), ("idle", "Idle"), ("other", "Other"), ("total", "Total"))
+
+
+def _cpus(row: NodeRow, kind: str) -> int:
+    return int(getattr(row, f"cpu_{kind}"))
+
+
+def _gpu_split(rows: list[NodeRow]) -> tuple[int, int, int]:
+    """GPUs (allocated, configured, unallocated on unavailable nodes) over ``rows``."""
+    alloc = sum(gpu_count(r.gres_used) for r in rows)
+    total = sum(gpu_count(r.gres) for r in rows)
+    other = sum(
+        max(0, gpu_count(r.gres) - gpu_count(r.gres_used))
+        for r in rows
+        if node_unavailable(r.state)
+    )
+    return alloc, total, other
+
+
 def add_node_metrics(reg: Registry, rows: list[NodeRow]) -> None:
     """Node, partition, cluster CPU/memory/GPU metrics from sinfo -N rows."""
     for row in rows:
         lab = {"node": row.node, "status": row.state, "partition": row.partition}
-        reg.gauge("slurm_node_cpu_alloc", "Allocated CPUs per node", row.cpu_alloc, **lab)
-        reg.gauge("slurm_node_cpu_idle", "Idle CPUs per node", row.cpu_idle, **lab)
-        reg.gauge("slurm_node_cpu_other", "Other CPUs per node", row.cpu_other, **lab)
-        reg.gauge("slurm_node_cpu_total", "Total CPUs per node", row.cpu_total, **lab)
+        for kind, what in CPU_COUNTS:
+            reg.gauge(f"slurm_node_cpu_{kind}", f"{what} CPUs per node", _cpus(row, kind), **lab)
         reg.gauge("slurm_node_mem_alloc", "Allocated memory per node (MB)", row.mem_alloc, **lab)
         reg.gauge("slurm_node_mem_total", "Total memory per node (MB)", row.mem_total, **lab)
         reg.gauge("slurm_node_status", "Node state per partition (always 1)", 1, **lab)
@@ -1180,37 +1197,14 @@ def add_node_metrics(reg: Registry, rows: list[NodeRow]) -> None:
             buckets[node_state_bucket(r.state)] += 1
         for bucket, count in buckets.items():
             reg.gauge(f"slurm_nodes_{bucket}", f"Nodes in state {bucket}", count, partition=part)
-        reg.gauge(
-            "slurm_partition_cpus_allocated",
-            "Allocated CPUs for partition",
-            sum(r.cpu_alloc for r in prows),
-            partition=part,
-        )
-        reg.gauge(
-            "slurm_partition_cpus_idle",
-            "Idle CPUs for partition",
-            sum(r.cpu_idle for r in prows),
-            partition=part,
-        )
-        reg.gauge(
-            "slurm_partition_cpus_other",
-            "Other CPUs for partition",
-            sum(r.cpu_other for r in prows),
-            partition=part,
-        )
-        reg.gauge(
-            "slurm_partition_cpus_total",
-            "Total CPUs for partition",
-            sum(r.cpu_total for r in prows),
-            partition=part,
-        )
-        g_alloc = sum(gpu_count(r.gres_used) for r in prows)
-        g_total = sum(gpu_count(r.gres) for r in prows)
-        g_other = sum(
-            max(0, gpu_count(r.gres) - gpu_count(r.gres_used))
-            for r in prows
-            if node_unavailable(r.state)
-        )
+        for kind, what in CPU_COUNTS:
+            reg.gauge(
+                f"slurm_partition_cpus_{what.lower()}",
+                f"{what} CPUs for partition",
+                sum(_cpus(r, kind) for r in prows),
+                partition=part,
+            )
+        g_alloc, g_total, g_other = _gpu_split(prows)
         reg.gauge(
             "slurm_partition_gpus_allocated",
             "Allocated GPUs for partition",
@@ -1226,17 +1220,9 @@ def add_node_metrics(reg: Registry, rows: list[NodeRow]) -> None:
 
     nodes = _unique_nodes(rows)
     reg.gauge("slurm_nodes_total", "Total number of nodes", len(nodes))
-    reg.gauge("slurm_cpus_alloc", "Allocated CPUs", sum(r.cpu_alloc for r in nodes))
-    reg.gauge("slurm_cpus_idle", "Idle CPUs", sum(r.cpu_idle for r in nodes))
-    reg.gauge("slurm_cpus_other", "Other CPUs", sum(r.cpu_other for r in nodes))
-    reg.gauge("slurm_cpus_total", "Total CPUs", sum(r.cpu_total for r in nodes))
-    g_alloc = sum(gpu_count(r.gres_used) for r in nodes)
-    g_total = sum(gpu_count(r.gres) for r in nodes)
-    g_other = sum(
-        max(0, gpu_count(r.gres) - gpu_count(r.gres_used))
-        for r in nodes
-        if node_unavailable(r.state)
-    )
+    for kind, what in CPU_COUNTS:
+        reg.gauge(f"slurm_cpus_{kind}", f"{what} CPUs", sum(_cpus(r, kind) for r in nodes))
+    g_alloc, g_total, g_other = _gpu_split(nodes)
     reg.gauge("slurm_gpus_alloc", "Allocated GPUs", g_alloc)
     reg.gauge(
         "slurm_gpus_idle", "Idle GPUs on available nodes", max(0, g_total - g_alloc - g_other)
@@ -1378,48 +1364,34 @@ def add_job_gpu_metrics(
 
 def add_sdiag_metrics(reg: Registry, sd: Sdiag) -> None:
     v = sd.values
+    # sdiag value -> help text; the metric is slurm_scheduler_<value> (counters: ..._total).
     gauges = {
-        "slurm_scheduler_threads": ("threads", "Number of scheduler threads"),
-        "slurm_scheduler_queue_size": ("queue_size", "Length of the scheduler (agent) queue"),
-        "slurm_scheduler_dbd_queue_size": ("dbd_queue_size", "Length of the DBD agent queue"),
-        "slurm_scheduler_last_cycle": ("last_cycle", "Last scheduler cycle time (microseconds)"),
-        "slurm_scheduler_mean_cycle": ("mean_cycle", "Mean scheduler cycle time (microseconds)"),
-        "slurm_scheduler_cycle_per_minute": ("cycle_per_minute", "Scheduler cycles per minute"),
-        "slurm_scheduler_backfill_last_cycle": (
-            "backfill_last_cycle",
-            "Last backfill cycle time (microseconds)",
-        ),
-        "slurm_scheduler_backfill_mean_cycle": (
-            "backfill_mean_cycle",
-            "Mean backfill cycle time (microseconds)",
-        ),
-        "slurm_scheduler_backfill_depth_mean": ("backfill_depth_mean", "Mean backfill depth"),
-        "slurm_scheduler_jobs_submitted": ("jobs_submitted", "Jobs submitted since stats reset"),
-        "slurm_scheduler_jobs_started": ("jobs_started", "Jobs started since stats reset"),
-        "slurm_scheduler_jobs_completed": ("jobs_completed", "Jobs completed since stats reset"),
-        "slurm_scheduler_jobs_canceled": ("jobs_canceled", "Jobs canceled since stats reset"),
-        "slurm_scheduler_jobs_failed": ("jobs_failed", "Jobs failed since stats reset"),
+        "threads": "Number of scheduler threads",
+        "queue_size": "Length of the scheduler (agent) queue",
+        "dbd_queue_size": "Length of the DBD agent queue",
+        "last_cycle": "Last scheduler cycle time (microseconds)",
+        "mean_cycle": "Mean scheduler cycle time (microseconds)",
+        "cycle_per_minute": "Scheduler cycles per minute",
+        "backfill_last_cycle": "Last backfill cycle time (microseconds)",
+        "backfill_mean_cycle": "Mean backfill cycle time (microseconds)",
+        "backfill_depth_mean": "Mean backfill depth",
+        "jobs_submitted": "Jobs submitted since stats reset",
+        "jobs_started": "Jobs started since stats reset",
+        "jobs_completed": "Jobs completed since stats reset",
+        "jobs_canceled": "Jobs canceled since stats reset",
+        "jobs_failed": "Jobs failed since stats reset",
     }
-    for name, (key, help_text) in gauges.items():
-        if key in v:
-            reg.gauge(name, help_text, v[key])
     counters = {
-        "slurm_scheduler_backfilled_jobs_since_start_total": (
-            "backfilled_jobs_since_start",
-            "Jobs started by backfill since slurmctld start",
-        ),
-        "slurm_scheduler_backfilled_jobs_since_cycle_total": (
-            "backfilled_jobs_since_cycle",
-            "Jobs started by backfill since the last stats cycle",
-        ),
-        "slurm_scheduler_backfilled_heterogeneous_total": (
-            "backfilled_heterogeneous",
-            "Heterogeneous job components started by backfill",
-        ),
+        "backfilled_jobs_since_start": "Jobs started by backfill since slurmctld start",
+        "backfilled_jobs_since_cycle": "Jobs started by backfill since the last stats cycle",
+        "backfilled_heterogeneous": "Heterogeneous job components started by backfill",
     }
-    for name, (key, help_text) in counters.items():
+    for key, help_text in gauges.items():
         if key in v:
-            reg.family(name, help_text, "counter").set(v[key])
+            reg.gauge(f"slurm_scheduler_{key}", help_text, v[key])
+    for key, help_text in counters.items():
+        if key in v:
+            reg.family(f"slurm_scheduler_{key}_total", help_text, "counter").set(v[key])
     for op, (count, avg, total) in sorted(sd.rpc_by_type.items()):
         reg.gauge("slurm_rpc_stats", "RPC count by message type", count, operation=op)
         reg.gauge("slurm_rpc_stats_avg_time", "RPC average time (microseconds)", avg, operation=op)
@@ -1492,18 +1464,21 @@ def build_families(
             return None
         return st.result
 
+    def add(name: str, kind: type, add_metrics: Callable[[Registry, Any], None]) -> object:
+        """Add the metrics of command ``name``'s fresh result when it is a ``kind``."""
+        result = fresh(name)
+        if isinstance(result, kind):
+            add_metrics(reg, result)
+        return result
+
     up = all(status.get(c) is not None and status[c].success for c in UP_COMMANDS)
     reg.gauge("slurm_up", "1 if the last collection reached slurmctld (sinfo and squeue)", int(up))
 
     version = fresh("sinfo_version")
     if isinstance(version, str):
         reg.gauge("slurm_info", "Slurm version", 1, type="general", version=version)
-    nodes = fresh("sinfo_nodes")
-    if isinstance(nodes, list):
-        add_node_metrics(reg, nodes)
-    queue = fresh("squeue")
-    if isinstance(queue, list):
-        add_queue_metrics(reg, queue)
+    add("sinfo_nodes", list, add_node_metrics)
+    queue = add("squeue", list, add_queue_metrics)
     dropped = index_dropped = 0
     jobs = fresh("scontrol_jobs")
     if isinstance(jobs, JobList):
@@ -1525,12 +1500,8 @@ def build_families(
                 rejected[reason],
                 reason=reason,
             )
-    sd = fresh("sdiag")
-    if isinstance(sd, Sdiag):
-        add_sdiag_metrics(reg, sd)
-    shares = fresh("sshare")
-    if isinstance(shares, list):
-        add_sshare_metrics(reg, shares)
+    add("sdiag", Sdiag, add_sdiag_metrics)
+    add("sshare", list, add_sshare_metrics)
 
     for name, st in sorted(status.items()):
         reg.gauge(
@@ -2081,25 +2052,66 @@ class UnknownShard(LookupError):
     """A scrape asked for a shard the node map does not name (answered 404)."""
 
 
-class NodeMap:
+class _ReloadedFile:
+    """A file reread when it (or a file it names) changes, by ``current()``.
+
+    A change that does not load keeps the last good version and is logged once.
+    """
+
+    path: Path | None
+    what = "file"  # for the log
+    load_error: type[Exception] = ValueError
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stamp: tuple | None = None
+
+    @staticmethod
+    def _stamp_of(names: Iterable[str]) -> tuple:
+        stamps = []
+        for name in names:
+            try:
+                st = os.stat(name)
+                stamps.append((name, st.st_mtime_ns, st.st_size, st.st_ino))
+            except OSError:
+                stamps.append((name, None))
+        return tuple(stamps)
+
+    def _file_stamp(self) -> tuple:
+        return self._stamp_of([str(self.path)])
+
+    def _load(self) -> None:
+        raise NotImplementedError
+
+    def _reload_if_changed(self) -> None:
+        """Reload after a change; the caller holds ``self._lock``."""
+        if self._file_stamp() != self._stamp:
+            try:
+                self._load()
+                LOG.info("%s %s reloaded", self.what, self.path)
+            except self.load_error as exc:
+                self._stamp = self._file_stamp()  # log once per change, not per use
+                LOG.error("keeping the previous %s: %s", self.what, exc)
+
+
+class NodeMap(_ReloadedFile):
     """The node map file (--node-map-file), reread at each collection when it changed.
 
     A changed file that does not load keeps the last good map (and is logged); at start
     it is an error.
     """
 
+    what = "node map"
+    load_error = NodeMapError
+
     def __init__(self, path: str) -> None:
+        super().__init__()
         self.path = Path(path)
-        self._lock = threading.Lock()
-        self._stamp: tuple | None = None
         self._data = NodeMapData()
         self._load()
 
-    def _stamp_now(self) -> tuple:
-        return WebConfig._stamp_of([str(self.path)])
-
     def _load(self) -> None:
-        stamp = self._stamp_now()
+        stamp = self._file_stamp()
         try:
             with open(self.path, "rb") as f:
                 raw = f.read(MAX_NODE_MAP_BYTES + 1)
@@ -2110,13 +2122,7 @@ class NodeMap:
 
     def current(self) -> NodeMapData:
         with self._lock:
-            if self._stamp_now() != self._stamp:
-                try:
-                    self._load()
-                    LOG.info("node map %s reloaded", self.path)
-                except NodeMapError as exc:
-                    self._stamp = self._stamp_now()  # log once per change
-                    LOG.error("keeping the previous node map: %s", exc)
+            self._reload_if_changed()
             return self._data
 
 
@@ -2206,7 +2212,7 @@ def tls_context(tls: Mapping[str, str]) -> ssl.SSLContext:
     return context
 
 
-class WebConfig:
+class WebConfig(_ReloadedFile):
     """The web config file, reread whenever it or a file it names changes.
 
     Like node_exporter's --web.config.file: a new certificate, key or user list takes
@@ -2214,25 +2220,16 @@ class WebConfig:
     keeps the last good settings (and is logged); at start it is an error.
     """
 
+    what = "web config"
+    load_error = WebConfigError
+
     def __init__(self, path: str | None) -> None:
+        super().__init__()
         self.path = Path(path) if path else None
-        self._lock = threading.Lock()
-        self._stamp: tuple | None = None
         self._files: list[str] = []
         self._settings = WebSettings()
         if self.path is not None:
             self._load()
-
-    @staticmethod
-    def _stamp_of(names: Iterable[str]) -> tuple:
-        stamps = []
-        for name in names:
-            try:
-                st = os.stat(name)
-                stamps.append((name, st.st_mtime_ns, st.st_size, st.st_ino))
-            except OSError:
-                stamps.append((name, None))
-        return tuple(stamps)
 
     def _file_stamp(self) -> tuple:
         return self._stamp_of([str(self.path), *self._files])
@@ -2261,13 +2258,7 @@ class WebConfig:
         if self.path is None:
             return self._settings
         with self._lock:
-            if self._file_stamp() != self._stamp:
-                try:
-                    self._load()
-                    LOG.info("web config %s reloaded", self.path)
-                except WebConfigError as exc:
-                    self._stamp = self._file_stamp()  # log once per change, not per request
-                    LOG.error("keeping the previous web config: %s", exc)
+            self._reload_if_changed()
             return self._settings
 
 
@@ -2402,30 +2393,25 @@ class _Conn:
             except ssl.SSLWantWriteError:
                 self.wait(True)
 
-    def recv(self, size: int) -> bytes:
+    def _retry(self, blocked_for_write: bool, op: Callable[..., _T], *args: object) -> _T:
+        """``op(*args)``, waiting each time the socket (or TLS) is not ready for it."""
         while True:
             try:
-                return self.sock.recv(size)
+                return op(*args)
             except ssl.SSLWantReadError:
                 self.wait(False)
             except ssl.SSLWantWriteError:
                 self.wait(True)
             except BlockingIOError:
-                self.wait(False)
+                self.wait(blocked_for_write)
+
+    def recv(self, size: int) -> bytes:
+        return self._retry(False, self.sock.recv, size)
 
     def sendall(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
-            try:
-                sent = self.sock.send(view)
-            except ssl.SSLWantWriteError:
-                self.wait(True)
-            except ssl.SSLWantReadError:
-                self.wait(False)
-            except BlockingIOError:
-                self.wait(True)
-            else:
-                view = view[sent:]
+            view = view[self._retry(True, self.sock.send, view) :]
 
     def read_head(self) -> bytes | None:
         """The request line and headers, or None if the peer closed or sent too much."""
@@ -2671,6 +2657,28 @@ def make_server(
     )
 
 
+def _add_file_arguments(p: argparse.ArgumentParser, name: str, what: str) -> None:
+    """--NAME-file (reread when it changes) and --check-NAME FILE (check it, then exit)."""
+    p.add_argument(f"--{name}-file", default=None, help=f"{what}; reread when it changes")
+    noun = name.replace("-", " ")
+    p.add_argument(
+        f"--check-{name}",
+        metavar="FILE",
+        default=None,
+        help=f"only check that FILE loads as a {noun} (exit 0) or say why not (exit 2)",
+    )
+
+
+def _check_file(path: str, what: str, load: Callable[[str], object]) -> int:
+    """Exit status of --check-*: 0 when ``load`` takes the file, else 2 with the reason."""
+    try:
+        load(path)
+    except (WebConfigError, NodeMapError) as exc:
+        print(f"{what}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--listen-address", default=":9341", help="host:port (default :9341)")
@@ -2718,47 +2726,24 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds a connection has for TLS handshake, request line and headers"
         f" (default {WEB_READ_TIMEOUT:g})",
     )
-    p.add_argument(
-        "--web-config-file",
-        default=None,
-        help="TLS and basic auth, in node_exporter's web config shape written as JSON;"
-        " reread when it changes",
+    _add_file_arguments(
+        p, "web-config", "TLS and basic auth, in node_exporter's web config shape written as JSON"
     )
-    p.add_argument(
-        "--check-web-config",
-        metavar="FILE",
-        default=None,
-        help="only check that FILE loads as a web config (exit 0) or say why not (exit 2)",
-    )
-    p.add_argument(
-        "--node-map-file",
-        default=None,
-        help='JSON {"shards": {"0": [node, ...], ...}}: which Prometheus shard owns which'
-        " node, for /metrics?shard=K[&cluster=1]; reread when it changes",
-    )
-    p.add_argument(
-        "--check-node-map",
-        metavar="FILE",
-        default=None,
-        help="only check that FILE loads as a node map (exit 0) or say why not (exit 2)",
+    _add_file_arguments(
+        p,
+        "node-map",
+        'JSON {"shards": {"0": [node, ...], ...}}: which Prometheus shard owns which'
+        " node, for /metrics?shard=K[&cluster=1]",
     )
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--version", action="version", version=__version__)
     args = p.parse_args(argv)
-    if args.check_web_config is not None:
-        try:
-            WebConfig(args.check_web_config)
-        except WebConfigError as exc:
-            print(f"web config: {exc}", file=sys.stderr)
-            return 2
-        return 0
-    if args.check_node_map is not None:
-        try:
-            NodeMap(args.check_node_map)
-        except NodeMapError as exc:
-            print(f"node map: {exc}", file=sys.stderr)
-            return 2
-        return 0
+    for path, what, load in (
+        (args.check_web_config, "web config", WebConfig),
+        (args.check_node_map, "node map", NodeMap),
+    ):
+        if path is not None:
+            return _check_file(path, what, load)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

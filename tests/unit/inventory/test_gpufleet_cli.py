@@ -21,6 +21,13 @@ def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, 
     return code, out, err
 
 
+def node_list_with(directory: Path, **monitoring: int) -> Path:
+    """The minimal node list with these ``monitoring`` settings, written to ``directory``."""
+    data = minimal_node_list()
+    data["monitoring"].update(monitoring)
+    return write_node_list(directory, data)
+
+
 def test_plan_prints_the_shard_table(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_main(capsys, "plan", str(EXAMPLE))
     assert code == 0
@@ -50,9 +57,7 @@ def test_plan_reports_the_series_budget(capsys: pytest.CaptureFixture[str]) -> N
 def test_plan_warns_for_each_shard_over_the_budget(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    data = minimal_node_list()
-    data["monitoring"]["max_series_per_shard"] = 1000
-    path = write_node_list(tmp_path, data)
+    path = node_list_with(tmp_path, max_series_per_shard=1000)
     code, out, _ = run_main(capsys, "plan", str(path))
     assert code == 0  # a warning: the plan is still valid
     warnings = [line for line in out.splitlines() if line.startswith("WARNING")]
@@ -68,13 +73,10 @@ def test_plan_warns_for_each_shard_over_the_budget(
 def test_plan_warns_for_a_shard_with_more_gpus_than_measured(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    data = minimal_node_list()
-    data["monitoring"]["max_gpus_per_shard"] = 16  # each shard holds 2 of the 8-GPU nodes
-    path = write_node_list(tmp_path, data)
-    _, out, _ = run_main(capsys, "plan", str(path))
+    # Each shard holds 2 of the 8-GPU nodes: 16 GPUs, at the limit of 16.
+    _, out, _ = run_main(capsys, "plan", str(node_list_with(tmp_path, max_gpus_per_shard=16)))
     assert "WARNING" not in out
-    data["monitoring"]["max_gpus_per_shard"] = 15
-    path = write_node_list(tmp_path, data)
+    path = node_list_with(tmp_path, max_gpus_per_shard=15)
     code, out, _ = run_main(capsys, "plan", str(path))
     assert code == 0
     warnings = [line for line in out.splitlines() if line.startswith("WARNING")]
@@ -125,9 +127,7 @@ def test_diff_of_identical_lists_moves_nothing(capsys: pytest.CaptureFixture[str
 def test_bad_node_list_exits_2_with_one_line(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    data = minimal_node_list()
-    data["monitoring"]["shards"] = 0
-    path = write_node_list(tmp_path, data)
+    path = node_list_with(tmp_path, shards=0)
     code, out, err = run_main(capsys, "plan", str(path))
     assert code == 2 and out == ""
     assert err == f"gpufleet: {path}: monitoring.shards: must be an integer >= 1, got 0\n"

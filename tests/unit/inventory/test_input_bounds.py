@@ -83,19 +83,7 @@ HEAD = "plugin: gpufleet\ncluster: c\nnodes:\n  - hosts: 'gpu[001-004]'\n"
 # -- 10, 15: address templates ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("pattern", "name", "address"),
-    [
-        ("10.1.0.{num}", "gpu007", "10.1.0.7"),
-        ("bmc-{num:03d}", "gpu7", "bmc-007"),
-        ("bmc-{num:09}", "gpu7", "bmc-000000007"),
-        ("bmc-{num:d}", "gpu007", "bmc-7"),
-        ("{name}.mgmt.example.org", "gpu007", "gpu007.mgmt.example.org"),
-        ("gpu007.example.org", "gpu007", "gpu007.example.org"),
-    ],
-)
-def test_address_template_documented_forms(pattern: str, name: str, address: str) -> None:
-    assert AddressTemplate.parse(pattern).render(name) == address
+# The documented forms render as test_nodelist.py's test_render_address checks.
 
 
 @pytest.mark.parametrize(

@@ -77,6 +77,12 @@ def test_minimal_node_list_loads_into_frozen_hosts(node_list_path: Path) -> None
         ("{name}.cluster.example", "gpu007", "gpu007.cluster.example"),
         ("bmc-{num:03d}", "n7", "bmc-007"),
         ("fd00::{num}", "gpu12", "fd00::12"),
+        # the forms docs/inventory.md "Addresses" allows
+        ("bmc-{num:03d}", "gpu7", "bmc-007"),
+        ("bmc-{num:09}", "gpu7", "bmc-000000007"),
+        ("bmc-{num:d}", "gpu007", "bmc-7"),
+        ("{name}.mgmt.example.org", "gpu007", "gpu007.mgmt.example.org"),
+        ("gpu007.example.org", "gpu007", "gpu007.example.org"),
     ],
 )
 def test_render_address(pattern: str, name: str, expected: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 
 import pytest
 from inventory_helpers import racks_of, synthetic_cluster
@@ -77,26 +78,26 @@ def test_a_lock_holds_even_a_plan_the_stateless_planner_would_not_make() -> None
 # -- adding nodes moves no other node -------------------------------------------------------
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("shards", SHARD_COUNTS)
-def test_adding_single_nodes_moves_no_other_node(seed: int, shards: int) -> None:
-    weights = synthetic_cluster(seed)
-    lock = plan_hosts(weights, shards)
-    for event in range(20):  # the lock is rewritten after every change, as in the workflow
-        weights = {**weights, f"new{event:03d}-gpu001": list(weights.values())[event * 37]}
-        plan = sticky(weights, shards, lock)
-        assert moved(lock, plan) == []
-        assert balance(plan, weights, shards) <= CAP
-        lock = plan
+def add_single_node(weights: dict[str, int], step: int) -> dict[str, int]:
+    return {**weights, f"new{step:03d}-gpu001": list(weights.values())[step * 37]}
+
+
+def add_rack_of_64(weights: dict[str, int], step: int) -> dict[str, int]:
+    return {**weights, **new_rack(weights, f"x{step}", 64)}
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("shards", SHARD_COUNTS)
-def test_adding_racks_of_64_moves_no_other_node(seed: int, shards: int) -> None:
+@pytest.mark.parametrize(
+    ("add", "steps"), [(add_single_node, 20), (add_rack_of_64, 4)], ids=["single", "racks"]
+)
+def test_adding_nodes_moves_no_other_node(
+    seed: int, shards: int, add: Callable[[dict[str, int], int], dict[str, int]], steps: int
+) -> None:
     weights = synthetic_cluster(seed)
     lock = plan_hosts(weights, shards)
-    for batch in range(4):
-        weights = {**weights, **new_rack(weights, f"x{batch}", 64)}
+    for step in range(steps):  # the lock is rewritten after every change, as in the workflow
+        weights = add(weights, step)
         plan = sticky(weights, shards, lock)
         assert moved(lock, plan) == []
         assert balance(plan, weights, shards) <= CAP
@@ -175,15 +176,23 @@ def hash_free_half(host: str) -> bool:
 # -- changing the shard count ---------------------------------------------------------------
 
 
+def assert_growth_moves_at_most_the_new_share(
+    weights: dict[str, int], grown: dict[str, int], shards: int, new_shards: int
+) -> None:
+    """From the lock of ``weights`` on ``shards``, ``grown`` on ``new_shards`` moves at most
+    the new shards' share of the locked hosts (+2 points) and stays balanced."""
+    lock = plan_hosts(weights, shards)
+    plan = sticky(grown, new_shards, lock, previous_shards=shards)
+    assert len(moved(lock, plan)) / len(weights) <= (new_shards - shards) / new_shards + 0.02
+    assert balance(plan, grown, new_shards) <= CAP
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("shards", range(1, 16))
 def test_growing_by_one_shard_moves_at_most_one_share_plus_2pp(seed: int, shards: int) -> None:
     """At 1,000 hosts for every N (the stateless plan needs ~125 hosts per shard)."""
     weights = synthetic_cluster(seed)
-    lock = plan_hosts(weights, shards)
-    plan = sticky(weights, shards + 1, lock, previous_shards=shards)
-    assert len(moved(lock, plan)) / len(weights) <= 1 / (shards + 1) + 0.02
-    assert balance(plan, weights, shards + 1) <= CAP
+    assert_growth_moves_at_most_the_new_share(weights, weights, shards, shards + 1)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -200,19 +209,13 @@ def test_shrinking_by_one_shard_moves_only_the_removed_shards_hosts(seed: int, s
 @pytest.mark.parametrize("seed", SEEDS)
 def test_growing_by_several_shards_at_once(seed: int) -> None:
     weights = synthetic_cluster(seed)
-    lock = plan_hosts(weights, 4)
-    plan = sticky(weights, 8, lock, previous_shards=4)
-    assert len(moved(lock, plan)) / len(weights) <= 4 / 8 + 0.02
-    assert balance(plan, weights, 8) <= CAP
+    assert_growth_moves_at_most_the_new_share(weights, weights, 4, 8)
 
 
 def test_shard_count_change_and_new_hosts_together() -> None:
     weights = synthetic_cluster(2)
-    lock = plan_hosts(weights, 4)
     grown = {**weights, **new_rack(weights, "x", 64)}
-    plan = sticky(grown, 5, lock, previous_shards=4)
-    assert len(moved(lock, plan)) / len(weights) <= 1 / 5 + 0.02
-    assert balance(plan, grown, 5) <= CAP
+    assert_growth_moves_at_most_the_new_share(weights, grown, 4, 5)
 
 
 # -- pins, stale and partial locks, rack mode ------------------------------------------------

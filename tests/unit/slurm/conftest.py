@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -42,6 +43,13 @@ exp = _load()
 @pytest.fixture
 def ex():
     return exp
+
+
+def run_exporter(*args: str) -> subprocess.CompletedProcess:
+    """The exporter's command line, as the role's unit and ``validate:`` run it."""
+    return subprocess.run(
+        [sys.executable, str(EXPORTER), *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def fixture_text(*parts: str) -> str:
@@ -121,6 +129,14 @@ def metric_samples(text: str) -> dict[str, float]:
         key, _, value = line.rpartition(" ")
         out[key] = float(value)
     return out
+
+
+def assert_samples(m: dict[str, float], expected: str) -> None:
+    """Each sample of ``expected`` (exposition text, indented; ``#`` lines are comments)
+    is in ``m`` with that value."""
+    want = metric_samples("\n".join(line.strip() for line in expected.splitlines()))
+    assert want, "no samples expected"
+    assert {key: m.get(key) for key in want} == want
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import FILES, FIXTURES, exp, fixture_text, metric_samples, runner_for
+from conftest import FILES, FIXTURES, assert_samples, exp, fixture_text, metric_samples, runner_for
 
 
 def fixture_runner(fixture_dir: str, fail: dict[str, str] | None = None):
@@ -29,32 +29,35 @@ def collect(fixture_dir: str = "22.05", **kw) -> dict[str, float]:
 
 
 def test_cluster_gpu_cpu_node_totals_2205():
-    m = collect()
-    assert m["slurm_up"] == 1
-    assert m['slurm_info{type="general",version="22.05.8"}'] == 1
-    # 3 nodes x 4 GPUs; gpu02 (draining) holds 3, vm holds 3; gpu03 is down*
-    assert m["slurm_gpus_total"] == 12
-    assert m["slurm_gpus_alloc"] == 6
-    assert m["slurm_gpus_other"] == 5  # 4 on down* gpu03 + 1 free on draining gpu02
-    assert m["slurm_gpus_idle"] == 1  # index 3 on vm
-    assert m["slurm_gpus_utilization"] == 0.5
-    assert (m["slurm_cpus_alloc"], m["slurm_cpus_other"], m["slurm_cpus_total"]) == (4, 2, 6)
-    assert m["slurm_nodes_total"] == 3
-    assert m['slurm_nodes_drain{partition="gpu"}'] == 1
-    assert m['slurm_nodes_down{partition="gpu"}'] == 1
-    assert m['slurm_nodes_alloc{partition="gpu"}'] == 1
-    assert m['slurm_nodes_alloc{partition="debug"}'] == 1
-    assert m['slurm_nodes_idle{partition="gpu"}'] == 0
-    assert m['slurm_partition_gpus_allocated{partition="gpu"}'] == 6
-    assert m['slurm_partition_gpus_idle{partition="gpu"}'] == 1
-    assert m['slurm_partition_cpus_total{partition="debug"}'] == 2
-    assert (
-        m[
-            'slurm_node_gres_used{gres_type="gpu:a100",node="gpu02",partition="gpu",status="draining"}'
-        ]
-        == 3
+    assert_samples(
+        collect(),
+        """
+        slurm_up 1
+        slurm_info{type="general",version="22.05.8"} 1
+        # 3 nodes x 4 GPUs; gpu02 (draining) holds 3, vm holds 3; gpu03 is down*
+        slurm_gpus_total 12
+        slurm_gpus_alloc 6
+        # 4 on down* gpu03 + 1 free on draining gpu02
+        slurm_gpus_other 5
+        # index 3 on vm
+        slurm_gpus_idle 1
+        slurm_gpus_utilization 0.5
+        slurm_cpus_alloc 4
+        slurm_cpus_other 2
+        slurm_cpus_total 6
+        slurm_nodes_total 3
+        slurm_nodes_drain{partition="gpu"} 1
+        slurm_nodes_down{partition="gpu"} 1
+        slurm_nodes_alloc{partition="gpu"} 1
+        slurm_nodes_alloc{partition="debug"} 1
+        slurm_nodes_idle{partition="gpu"} 0
+        slurm_partition_gpus_allocated{partition="gpu"} 6
+        slurm_partition_gpus_idle{partition="gpu"} 1
+        slurm_partition_cpus_total{partition="debug"} 2
+        slurm_node_gres_used{gres_type="gpu:a100",node="gpu02",partition="gpu",status="draining"} 3
+        slurm_node_mem_alloc{node="gpu02",partition="gpu",status="draining"} 600
+        """,
     )
-    assert m['slurm_node_mem_alloc{node="gpu02",partition="gpu",status="draining"}'] == 600
 
 
 def test_node_reasons_2205():
@@ -78,34 +81,45 @@ def test_node_reasons_2205():
 
 
 def test_jobs_by_state_partition_reason_2205():
-    m = collect()
-    assert m["slurm_jobs_pending"] == 7
-    assert m["slurm_jobs_running"] == 3
-    assert m["slurm_jobs_completed"] == 1
-    assert m["slurm_jobs_failed"] == 1
-    assert m["slurm_jobs_cancelled"] == 2
-    assert m["slurm_jobs_cores_running"] == 4
-    assert m['slurm_queue_pending{partition="gpu",reason="Resources",user="root"}'] == 1
-    assert m['slurm_queue_pending{partition="gpu",reason="Priority",user="slurm"}'] == 1
-    assert m['slurm_jobs_pending_by_reason{reason="Dependency"}'] == 1
-    assert m['slurm_jobs_pending_by_reason{reason="JobHeldUser"}'] == 1
-    assert m['slurm_partition_jobs_pending{partition="debug"}'] == 3
-    assert m['slurm_partition_jobs_running{partition="gpu"}'] == 3
-    assert m['slurm_queue_running{partition="gpu",user="root"}'] == 2
-    assert m['slurm_account_jobs_running{account="physics"}'] == 2
-    assert m['slurm_user_cpus_running{user="root"}'] == 3
+    assert_samples(
+        collect(),
+        """
+        slurm_jobs_pending 7
+        slurm_jobs_running 3
+        slurm_jobs_completed 1
+        slurm_jobs_failed 1
+        slurm_jobs_cancelled 2
+        slurm_jobs_cores_running 4
+        slurm_queue_pending{partition="gpu",reason="Resources",user="root"} 1
+        slurm_queue_pending{partition="gpu",reason="Priority",user="slurm"} 1
+        slurm_jobs_pending_by_reason{reason="Dependency"} 1
+        slurm_jobs_pending_by_reason{reason="JobHeldUser"} 1
+        slurm_partition_jobs_pending{partition="debug"} 3
+        slurm_partition_jobs_running{partition="gpu"} 3
+        slurm_queue_running{partition="gpu",user="root"} 2
+        slurm_account_jobs_running{account="physics"} 2
+        slurm_user_cpus_running{user="root"} 3
+        """,
+    )
 
 
 def test_gpus_per_job_user_account_2205():
     m = collect()
-    job = (
-        "slurm_job_gpus_allocated"
-        '{{account="{a}",job_id="{j}",node="{n}",partition="gpu",user="{u}"}}'
+    job = 'slurm_job_gpus_allocated{account="%s",job_id="%s",node="%s",partition="gpu",user="%s"}'
+    assert_samples(
+        m,
+        f"""
+        {job % ("physics", 1, "gpu02", "root")} 2
+        {job % ("physics", 6, "gpu02", "root")} 1
+        {job % ("physics", 6, "vm", "root")} 1
+        {job % ("chem", 7, "vm", "slurm")} 2
+        slurm_account_gpus_running{{account="physics"}} 4
+        slurm_account_gpus_running{{account="chem"}} 2
+        slurm_user_gpus_running{{user="slurm"}} 2
+        slurm_exporter_job_series 4
+        slurm_exporter_job_series_dropped_total 0
+        """,
     )
-    assert m[job.format(a="physics", j="1", n="gpu02", u="root")] == 2
-    assert m[job.format(a="physics", j="6", n="gpu02", u="root")] == 1
-    assert m[job.format(a="physics", j="6", n="vm", u="root")] == 1
-    assert m[job.format(a="chem", j="7", n="vm", u="slurm")] == 2
     assert sum(v for k, v in m.items() if k.startswith("slurm_job_gpus_allocated")) == 6
     idx = {k for k in m if k.startswith("slurm_job_gpu_index_info")}
     assert idx == {
@@ -116,11 +130,6 @@ def test_gpus_per_job_user_account_2205():
         'slurm_job_gpu_index_info{gpu="1",job_id="7",node="vm"}',
         'slurm_job_gpu_index_info{gpu="2",job_id="7",node="vm"}',
     }
-    assert m['slurm_account_gpus_running{account="physics"}'] == 4
-    assert m['slurm_account_gpus_running{account="chem"}'] == 2
-    assert m['slurm_user_gpus_running{user="slurm"}'] == 2
-    assert m["slurm_exporter_job_series"] == 4
-    assert m["slurm_exporter_job_series_dropped_total"] == 0
 
 
 def test_job_series_cap():

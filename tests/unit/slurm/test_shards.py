@@ -9,14 +9,12 @@ that asks for cluster=1 also gets the cluster-level series and the nodes no shar
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import EXPORTER, exp, metric_samples, runner_for
+from conftest import exp, metric_samples, run_exporter, runner_for
 from test_web import get
 
 # The 22.05 capture: nodes gpu02, gpu03 and vm; job 6 runs on gpu02 and vm.
@@ -89,25 +87,16 @@ def test_the_node_map_is_bounded(monkeypatch):
         exp.parse_node_map(json.dumps(MAP))
 
 
-def check_map(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(EXPORTER), "--check-node-map", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def test_check_node_map_is_what_the_role_validates_with(tmp_path):
     path = tmp_path / "node-shards.json"
     path.write_text(json.dumps(MAP))
-    assert check_map(path).returncode == 0
+    assert run_exporter("--check-node-map", str(path)).returncode == 0
     path.write_text('{"shards": {"0": ["a"], "1": ["a"]}}')
-    result = check_map(path)
+    result = run_exporter("--check-node-map", str(path))
     assert (
         result.returncode == 2 and "node map" in result.stderr and "shards 0 and 1" in result.stderr
     )
-    assert check_map(tmp_path / "missing.json").returncode == 2
+    assert run_exporter("--check-node-map", str(tmp_path / "missing.json")).returncode == 2
 
 
 # --- the query -----------------------------------------------------------------------
