@@ -55,7 +55,8 @@ def role_variables(role: str) -> dict:
     out = {}
     meta = loader.load_from_file(str(ROLES / role / "meta" / "main.yml")) or {}
     for dependency in meta.get("dependencies") or []:
-        out.update(role_variables(dependency["role"] if isinstance(dependency, dict) else dependency))
+        name = dependency["role"] if isinstance(dependency, dict) else dependency
+        out.update(role_variables(name))
     for part in ("defaults", "vars"):
         path = ROLES / role / part / "main.yml"
         if path.exists():
