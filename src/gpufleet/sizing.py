@@ -90,7 +90,7 @@ def host_groups(role: str, gpu_count: int, collector: str) -> set[str]:
 def _registry_file(path: Path) -> dict[str, dict[str, Any]]:
     with path.open(encoding="utf-8") as stream:
         data = yaml.safe_load(stream) or {}
-    return dict(data["gpufleet_exporters"])
+    return dict(data["exporters_registry"])
 
 
 def exporters() -> dict[str, dict[str, Any]]:
