@@ -426,19 +426,16 @@ def render_shard(
     overrides = {"_instance": SHARD, "prometheus_config_dir": str(config_dir)}
     text = render("prometheus", "prometheus.yml.j2", host, overrides, (groups, hostvars))
     variables = role_variables("prometheus")
-    ports = variables["prometheus_exporter_ports"]
+    registry = variables["exporters_registry"]
     # The shard's group also holds its monitoring host: only the GPU nodes are measured.
     scraped = [h for h in groups["prometheus_shard_0"] if hostvars[h]["gpufleet_role"] == "node"]
-    targets = {
-        "node": gpufleet_targets(scraped, hostvars, ports["node"]),
-        "dcgm": gpufleet_targets(
-            sorted(set(scraped) & set(groups.get("gpu_collector_dcgm", []))),
-            hostvars,
-            ports["dcgm"],
-        ),
-        "slurm": gpufleet_targets(groups.get("slurm_controller", []), hostvars, ports["slurm"]),
-    }
-    jobs = variables["_prometheus_jobs"]["shard"]
+    # The replay server serves the payload recorded from node_exporter (with the GPU
+    # collector's textfile series): the node job is measured; the registry's other shard
+    # jobs (dcgm, slurm, ipmi) are configured with no targets.
+    jobs = [job for job, exporter in registry.items() if "shard" in exporter["modes"]]
+    node = registry["node"]
+    targets = {job: [] for job in jobs}
+    targets["node"] = gpufleet_targets(scraped, hostvars, node["port"], node["port_variable"])
     rendered = {
         TEMPLATED_RULES[template]: render(
             "prometheus", template, host, overrides, (groups, hostvars)
@@ -446,7 +443,7 @@ def render_shard(
         for template in TEMPLATED_RULES
     }
     rule_files = variables["_prometheus_rule_files"]["shard"]
-    return text, {job: targets[job] for job in jobs}, rule_files, rendered
+    return text, targets, rule_files, rendered
 
 
 def write_shard(
@@ -795,8 +792,8 @@ def main(argv: list[str] | None = None) -> None:
     payload_text = synthesize_payload(recorded, args.cpus, args.gpus)
     args.node_cpus = args.cpus or len(label_values(recorded, "cpu")) or 1
     args.rules = args.rules.resolve()
-    defaults = yaml.safe_load((REPO / "roles/prometheus/defaults/main.yml").read_text())
-    node_port = int(defaults["prometheus_exporter_ports"]["node"])
+    registry = yaml.safe_load((REPO / "roles/exporters/defaults/main.yml").read_text())
+    node_port = int(registry["exporters_registry"]["node"]["port"])
     counts = [int(n) for n in args.nodes.split(",") if n.strip()]
     facts = {
         "machine": machine(),

@@ -39,11 +39,15 @@ def _host_port(address: str, port: int) -> str:
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
-def gpufleet_targets(hostnames: list[str], hostvars, port: int) -> list[dict]:
-    """file_sd target groups for one exporter port on hosts, labelled from the inventory.
+def gpufleet_targets(
+    hostnames: list[str], hostvars, port: int, port_variable: str | None = None
+) -> list[dict]:
+    """file_sd target groups for one exporter on hosts, labelled from the inventory.
 
-    The labels are the inventory plugin's gpufleet_target_labels plus node (the
-    inventory name, which Slurm and the dashboards use); roles never derive them.
+    The port is each host's own port_variable (node_exporter_port, from its host_vars or
+    group_vars), else ``port``: an override moves the scrape with the exporter. The
+    labels are the inventory plugin's gpufleet_target_labels plus node (the inventory
+    name, which Slurm and the dashboards use); roles never derive them.
     """
     groups = []
     for name in sorted(hostnames):
@@ -51,8 +55,18 @@ def gpufleet_targets(hostnames: list[str], hostvars, port: int) -> list[dict]:
         labels = {str(k): str(v) for k, v in dict(host.get("gpufleet_target_labels") or {}).items()}
         labels["node"] = name
         address = str(host.get("ansible_host") or name)
-        groups.append({"targets": [_host_port(address, int(port))], "labels": labels})
+        own = host.get(port_variable) if port_variable else None
+        groups.append({"targets": [_host_port(address, _port(own, port, name))], "labels": labels})
     return groups
+
+
+def _port(value, default: int, host: str) -> int:
+    """A TCP port from the inventory (a number or its text), else default."""
+    value = default if value is None or value == "" else value
+    text = str(value).strip()
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise ValueError(f"host {host}: port {value!r} is not a TCP port (1-65535)")
+    return int(text)
 
 
 def gpufleet_prometheus_port(instance: dict, port_base: int) -> int:

@@ -12,6 +12,7 @@ from typing import Any
 
 from gpufleet import sharding
 from gpufleet.nodelist import Host, Monitoring, NodeList, NodeListError
+from gpufleet.sizing import KIND_GROUPS, kind_groups
 
 MONITORING_GROUPS = {
     "prometheus": "prometheus_hosts",
@@ -152,12 +153,8 @@ class GroupBuilder:
 
 
 def host_groups(builder: GroupBuilder, host: Host) -> None:
-    if host.role == "server":
-        builder.add("servers", host.name)
-    elif host.gpu_count:
-        builder.add("gpu_nodes", host.name)
-    else:
-        builder.add("cpu_nodes", host.name)
+    for group in kind_groups(host.role, host.gpu_count):
+        builder.add(group, host.name)
     if host.gpu_count:
         builder.add_value("gpu_vendor", host.gpu_vendor, host, "gpu.vendor")
         builder.add_value("gpu_model", host.gpu_model.lower(), host, "gpu.model")
@@ -173,7 +170,7 @@ def build_inventory(node_list: NodeList) -> InventoryPlan:
     monitoring = node_list.monitoring
     shard_of = plan_shards(node_list)
     builder = GroupBuilder(node_list.file)
-    for group in ("gpu_nodes", "cpu_nodes", "servers", *MONITORING_GROUPS, "slurm_controller"):
+    for group in (*KIND_GROUPS, *MONITORING_GROUPS, "slurm_controller"):
         builder.ensure(group)
     for shard in range(monitoring.shards):
         builder.ensure(f"prometheus_shard_{shard}")

@@ -564,7 +564,9 @@ def entry_addresses(check: Checker, spec: EntrySpec, key_path: str) -> list[str]
 def build_hosts(check: Checker, spec: EntrySpec, key_path: str, cluster: str) -> list[Host]:
     addresses = entry_addresses(check, spec, key_path)
     cpus = spec.cpus or DEFAULT_CPUS
-    series = spec.expected_series or estimate_series(cpus, spec.gpu_count, spec.gpu_collector)
+    series = spec.expected_series or estimate_series(
+        cpus, spec.gpu_count, spec.gpu_collector, spec.role
+    )
     return [
         Host(
             name=name,

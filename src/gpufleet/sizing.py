@@ -9,15 +9,22 @@ files. Change them together.
 
 from __future__ import annotations
 
-# node_exporter as the node_exporter role runs it (default collectors, systemd limited to
-# the units that matter, the textfile directory): a fixed part (process, memory, NICs,
-# disks, filesystems, a few units) and the series repeated per logical CPU.
-NODE_EXPORTER_SERIES = 460
-NODE_EXPORTER_SERIES_PER_CPU = 13
-# Per GPU, as each collector writes them: smi is gpufleet's collector over nvidia-smi
-# (health and XID series included), dcgm is dcgm-exporter with the role's default
-# counters (one series per counter and GPU).
-COLLECTOR_SERIES_PER_GPU = {"smi": 58, "dcgm": 40}
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# The exporter registry (roles/exporters): which group runs each exporter and what one
+# host running it sends (its `series`). The roles read the same file; gpufleet runs
+# from its checkout, as the inventory plugin and the roles do.
+EXPORTERS_FILE = Path(__file__).resolve().parents[2] / "roles/exporters/defaults/main.yml"
+
+# gpufleet's GPU collector over nvidia-smi writes through node_exporter's textfile
+# collector, so it has no registry entry of its own: its series per GPU (health and XID
+# series included). The exporters' own figures are in the registry.
+SMI_SERIES_PER_GPU = 58
 # Prometheus' own series per target (up, scrape_duration_seconds, scrape_samples_scraped,
 # scrape_samples_post_metric_relabeling, scrape_series_added).
 SERIES_PER_TARGET = 5
@@ -56,16 +63,64 @@ BUDGET_WARNING_RATIO = 0.8  # the PrometheusSeriesNearBudget alert's threshold
 DEFAULT_MAX_GPUS_PER_SHARD = 8_000
 
 
-def exporter_series(cpus: int, gpu_count: int, collector: str) -> int:
-    """Series the host's exporters send (node_exporter, the GPU collector or DCGM)."""
-    gpu_series = COLLECTOR_SERIES_PER_GPU.get(collector, 0) * gpu_count
-    targets = 1 + (collector == "dcgm" and gpu_count > 0)
-    return (
-        NODE_EXPORTER_SERIES
-        + NODE_EXPORTER_SERIES_PER_CPU * cpus
-        + gpu_series
-        + SERIES_PER_TARGET * targets
-    )
+# The groups the inventory plugin puts a host in by its kind (src/gpufleet/inventory.py).
+KIND_GROUPS = ("gpu_nodes", "cpu_nodes", "compute_nodes", "servers")
+
+
+def kind_groups(role: str, gpu_count: int) -> list[str]:
+    """``servers``, or ``compute_nodes`` and ``gpu_nodes`` or ``cpu_nodes``."""
+    if role == "server":
+        return ["servers"]
+    return ["compute_nodes", "gpu_nodes" if gpu_count else "cpu_nodes"]
+
+
+def host_groups(role: str, gpu_count: int, collector: str) -> set[str]:
+    """The inventory groups, of those a registry exporter may name, a host is in: all,
+    its kind's, and gpu_collector_<collector> for a GPU host (collectors are plain words,
+    so the group is named as inventory.group_name would). The monitoring groups and
+    slurm_controller come from the node list's monitoring section, not from a host's
+    kind: an exporter there is not counted per host."""
+    groups = {"all", *kind_groups(role, gpu_count)}
+    if gpu_count:
+        groups.add(f"gpu_collector_{collector}")
+    return groups
+
+
+@cache
+def _registry_file(path: Path) -> dict[str, dict[str, Any]]:
+    with path.open(encoding="utf-8") as stream:
+        data = yaml.safe_load(stream) or {}
+    return dict(data["exporters_registry"])
+
+
+def exporters() -> dict[str, dict[str, Any]]:
+    """The exporter registry, by scrape job name."""
+    return _registry_file(EXPORTERS_FILE)
+
+
+def exporter_series(
+    cpus: int,
+    gpu_count: int,
+    collector: str,
+    role: str = "node",
+    registry: Mapping[str, Mapping[str, Any]] | None = None,
+) -> int:
+    """Series the host's exporters send: every registry exporter a shard scrapes on this
+    host (its group), each with Prometheus' own series of its target, and the GPU
+    collector's textfile series."""
+    groups = host_groups(role, gpu_count, collector)
+    total = SMI_SERIES_PER_GPU * gpu_count if collector == "smi" else 0
+    for exporter in (exporters() if registry is None else registry).values():
+        if not exporter.get("sharded") or exporter["group"] not in groups:
+            continue
+        series = exporter.get("series") or {}
+        total += (
+            int(series.get("host", 0))
+            + int(series.get("per_cpu", 0)) * cpus
+            + int(series.get("per_gpu", 0)) * gpu_count
+            + SERIES_PER_TARGET
+        )
+    return total
 
 
 def recorded_series(gpu_count: int) -> int:
@@ -76,6 +131,12 @@ def recorded_series(gpu_count: int) -> int:
     return RECORDED_SERIES_PER_NODE + RECORDED_SERIES_PER_GPU_NODE + per_gpu * gpu_count
 
 
-def estimate_series(cpus: int, gpu_count: int, collector: str) -> int:
+def estimate_series(
+    cpus: int,
+    gpu_count: int,
+    collector: str,
+    role: str = "node",
+    registry: Mapping[str, Mapping[str, Any]] | None = None,
+) -> int:
     """Head series one host adds to its shard: what it sends and what rules record."""
-    return exporter_series(cpus, gpu_count, collector) + recorded_series(gpu_count)
+    return exporter_series(cpus, gpu_count, collector, role, registry) + recorded_series(gpu_count)

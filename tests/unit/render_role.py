@@ -50,8 +50,13 @@ def example_inventory() -> tuple[dict[str, list[str]], dict[str, dict]]:
 
 
 def role_variables(role: str) -> dict:
+    """The role's defaults and vars over those of its meta dependencies (as Ansible)."""
     loader = DataLoader()
     out = {}
+    meta = loader.load_from_file(str(ROLES / role / "meta" / "main.yml")) or {}
+    for dependency in meta.get("dependencies") or []:
+        name = dependency["role"] if isinstance(dependency, dict) else dependency
+        out.update(role_variables(name))
     for part in ("defaults", "vars"):
         path = ROLES / role / part / "main.yml"
         if path.exists():

@@ -167,20 +167,27 @@ def load(path: Path):
 
 
 def services() -> dict:
-    return load(ROLES / ROLE / "vars" / "main.yml")["_exporter_firewall_services"]
+    """The service table: the servers as written, the registry's exporters as the role
+    builds them (on a host without port overrides: each port its default)."""
+    table = dict(load(ROLES / ROLE / "vars" / "main.yml")["_exporter_firewall_servers"])
+    table.update(evaluate(ROLE, "_exporter_firewall_exporters", "gpu001", ENABLED))
+    return table
+
+
+EXPORTERS = {"node_exporter", "dcgm_exporter", "slurm_exporter", "ipmi_exporter"}
 
 
 def test_exporters_match_the_exporter_roles_ports_and_playbooks() -> None:
     table = services()
     exporters = {name: spec for name, spec in table.items() if spec.get("rule") == "exporter"}
-    assert set(exporters) == {"node_exporter", "dcgm_exporter", "slurm_exporter", "extra_ports"}
+    assert set(exporters) == {*EXPORTERS, "extra_ports"}
     assert exporters.pop("extra_ports")["tcp"] == {
         "exporter_firewall_extra_ports": "{{ exporter_firewall_extra_ports }}"
     }
     for name, spec in exporters.items():
         ((variable, value),) = spec["tcp"].items()
         assert variable == f"{name}_port"
-        assert value == f"{{{{ {variable} | default({role_default(name, variable)}) }}}}"
+        assert value == role_default(name, variable)
         play = load(ROOT / "playbooks" / f"{name}.yml")[0]
         assert play["hosts"] == spec["group"], f"{name}: the playbook runs on {play['hosts']}"
         assert "udp" not in spec
@@ -203,13 +210,7 @@ SERVER_ROLES = {
 
 def test_servers_match_the_server_roles_ports_and_playbooks() -> None:
     table = services()
-    assert set(table) == {
-        "node_exporter",
-        "dcgm_exporter",
-        "slurm_exporter",
-        "extra_ports",
-        *SERVER_ROLES,
-    }
+    assert set(table) == {*EXPORTERS, "extra_ports", *SERVER_ROLES}
     for name, role in SERVER_ROLES.items():
         spec = table[name]
         assert "rule" not in spec, f"{name} has a rule of its own"
@@ -217,9 +218,10 @@ def test_servers_match_the_server_roles_ports_and_playbooks() -> None:
         assert play["hosts"] == spec["group"], f"{name}: the playbook runs on {play['hosts']}"
         for protocol in ("tcp", "udp"):
             for variable, value in (spec.get(protocol) or {}).items():
-                fallback = re.search(rf"\b{variable} \| default\((\d+)\)", value)
+                fallback = re.search(rf"\b{variable} \| default\(([^)]+)\)", value)
                 assert fallback, f"{name}: {value} does not read {variable}"
-                assert int(fallback.group(1)) == role_default(role, variable), (name, variable)
+                default = evaluate(ROLE, fallback.group(1), "gpu001", ENABLED)
+                assert int(default) == role_default(role, variable), (name, variable)
     ports = {
         name: {p: list(spec.get(p, {})) for p in ("tcp", "udp")} for name, spec in table.items()
     }
@@ -255,6 +257,7 @@ def test_sources_are_the_clients_of_each_service() -> None:
         "node_exporter": (["prometheus", "prometheus_global"], [EXTRA]),
         "dcgm_exporter": (["prometheus", "prometheus_global"], [EXTRA]),
         "slurm_exporter": (["prometheus", "prometheus_global"], [EXTRA]),
+        "ipmi_exporter": (["prometheus", "prometheus_global"], [EXTRA]),
         "extra_ports": (["prometheus", "prometheus_global"], [EXTRA]),
         "prometheus": (["prometheus", "prometheus_global", "grafana"], [ADMIN]),
         "alertmanager": (["prometheus", "prometheus_global", "grafana", "loki"], [ADMIN]),
@@ -273,25 +276,10 @@ def test_sources_are_the_clients_of_each_service() -> None:
     assert load(ROOT / "playbooks" / "grafana.yml")[0]["hosts"] == "grafana"
 
 
-def test_prometheus_scrapes_the_exporters_from_the_same_groups() -> None:
-    """The prometheus role builds its targets from the groups the firewall reads."""
-    exporters = services()
-    instance = (ROLES / "prometheus" / "tasks" / "instance.yml").read_text()
-    for name in ("dcgm_exporter", "slurm_exporter"):
-        assert f"groups['{exporters[name]['group']}']" in instance, name
-    defaults = load(ROLES / "prometheus" / "defaults" / "main.yml")["prometheus_exporter_ports"]
-    for job, name in (
-        ("node", "node_exporter"),
-        ("dcgm", "dcgm_exporter"),
-        ("slurm", "slurm_exporter"),
-    ):
-        assert defaults[job] == load(ROLES / name / "defaults" / "main.yml")[f"{name}_port"]
-
-
 def test_site_runs_the_firewall_after_every_exporter_and_before_the_servers() -> None:
     order = [play["ansible.builtin.import_playbook"] for play in load(ROOT / "site.yml")]
     firewall = order.index("playbooks/exporter_firewall.yml")
-    for name in ("node_exporter", "dcgm_exporter", "slurm_exporter"):
+    for name in EXPORTERS:
         assert order.index(f"playbooks/{name}.yml") < firewall
     # The servers start behind their rules, which come from the inventory alone.
     for role in set(SERVER_ROLES.values()):
@@ -307,6 +295,9 @@ def rules(host: str, overrides: dict | None = None, inventory=None) -> str:
     # As Ansible sets it: the groups the host is in.
     group_names = sorted(g for g, hosts in groups.items() if host in hosts and g != "all")
     variables = {**ENABLED, "group_names": group_names, **(overrides or {})}
+    # An inventory variable of the host is in its hostvars too (the exporter ports are
+    # read from there, as Prometheus reads them).
+    hostvars = {**hostvars, host: {**hostvars[host], **(overrides or {})}}
     return render(ROLE, "exporter-firewall.nft.j2", host, variables, (groups, hostvars))
 
 
@@ -319,8 +310,8 @@ def elements(text: str, name: str) -> list[str]:
 @pytest.mark.parametrize(
     ("host", "ports"),
     [
-        ("gpu001", ["9100", "9400"]),  # gpu_collector: dcgm
-        ("l40s01", ["9100"]),  # gpu_collector: smi, no exporter of its own
+        ("gpu001", ["9100", "9290", "9400"]),  # gpu_collector: dcgm; ipmi on compute nodes
+        ("l40s01", ["9100", "9290"]),  # gpu_collector: smi, no exporter of its own
         ("slurmctl01", ["9100", "9341"]),
         ("mon01", ["9100"]),
     ],
@@ -343,7 +334,7 @@ def test_rules_follow_the_exporters_port_variables_and_extras() -> None:
             "exporter_firewall_action": "reject",
         },
     )
-    assert elements(text, "exporter_ports") == ["8080", "9200", "9400"]
+    assert elements(text, "exporter_ports") == ["8080", "9200", "9290", "9400"]
     assert elements(text, "allowed_ipv4") == ["10.1.9.1", "10.1.9.2", "192.0.2.0/24"]
     assert elements(text, "allowed_ipv6") == ["2001:db8::5"]
     assert "counter reject with tcp reset" in text
@@ -390,7 +381,7 @@ def test_rendered_rules_pass_nft_in_a_private_network_namespace(
     script = f"nft -f {path} && nft -f {path} && nft -j list table inet gpufleet_exporters"
     listed = loaded_in_a_namespace(script)
     sets = {item["set"]["name"]: item["set"].get("elem", []) for item in listed if "set" in item}
-    assert sets["exporter_ports"] == [9100, 9400]
+    assert sets["exporter_ports"] == [9100, 9290, 9400]
     assert sets["allowed_ipv4"] == ["10.1.9.1", "10.1.9.2"]
     chains = [item["chain"] for item in listed if "chain" in item]
     assert [(c["name"], c.get("hook"), c.get("policy")) for c in chains] == [

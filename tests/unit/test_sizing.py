@@ -47,18 +47,23 @@ def within(estimate: float, measured: float, tolerance: float = 0.10) -> bool:
     return abs(estimate - measured) <= tolerance * measured
 
 
+# The payload was recorded from node_exporter and the GPU collector only: the estimate
+# of those two is what it calibrates (the registry's node entry and the smi term).
+RECORDED = {"node": sizing.exporters()["node"]}
+
+
 def test_exporter_estimate_matches_the_recorded_payload() -> None:
     shape = payload_shape()
     measured = len(payload_series()) + sizing.SERIES_PER_TARGET
-    estimate = sizing.exporter_series(shape["cpus"], shape["gpus"], "smi")
+    estimate = sizing.exporter_series(shape["cpus"], shape["gpus"], "smi", registry=RECORDED)
     assert within(estimate, measured), (estimate, measured)
 
 
 @pytest.mark.parametrize(
     "label,per_unit,count_key",
     [
-        ("cpu", sizing.NODE_EXPORTER_SERIES_PER_CPU, "cpus"),
-        ("gpu", sizing.COLLECTOR_SERIES_PER_GPU["smi"], "gpus"),
+        ("cpu", sizing.exporters()["node"]["series"]["per_cpu"], "cpus"),
+        ("gpu", sizing.SMI_SERIES_PER_GPU, "gpus"),
     ],
 )
 def test_per_cpu_and_per_gpu_terms_match_the_payload(
@@ -80,7 +85,8 @@ def test_recorded_terms_count_the_dense_rules() -> None:
 def test_dcgm_term_is_one_series_per_default_counter() -> None:
     defaults = yaml.safe_load((ROOT / "roles/dcgm_exporter/defaults/main.yml").read_text())
     assert defaults["dcgm_exporter_profiling"] is False
-    assert sizing.COLLECTOR_SERIES_PER_GPU["dcgm"] == len(defaults["dcgm_exporter_counters"])
+    dcgm = sizing.exporters()["dcgm"]["series"]["per_gpu"]
+    assert dcgm == len(defaults["dcgm_exporter_counters"])
 
 
 def test_default_budget_is_half_the_reference_server() -> None:
@@ -95,3 +101,22 @@ def test_estimate_adds_what_rules_record() -> None:
     assert sizing.exporter_series(8, 8, "dcgm") - sizing.exporter_series(8, 0, "") == (
         40 * 8 + sizing.SERIES_PER_TARGET
     )
+
+
+def test_estimate_counts_the_registry_exporters_of_the_hosts_groups() -> None:
+    """Every sharded registry exporter whose group holds the host adds its series and
+    its target's: a fake one on compute nodes reaches nodes, not servers."""
+    fake = {
+        "fake": {"group": "compute_nodes", "sharded": True, "series": {"host": 7, "per_gpu": 2}},
+        "unsharded": {"group": "all", "sharded": False, "series": {"host": 1000}},
+    }
+    registry = {**sizing.exporters(), **fake}
+    node = sizing.exporter_series(64, 8, "smi", "node", registry)
+    added = node - sizing.exporter_series(64, 8, "smi", "node")
+    assert added == 7 + 2 * 8 + sizing.SERIES_PER_TARGET
+    server = sizing.exporter_series(64, 0, "smi", "server", registry)
+    assert server == sizing.exporter_series(64, 0, "smi", "server")
+    ipmi = sizing.exporters()["ipmi"]["series"]["host"] + sizing.SERIES_PER_TARGET
+    compute, server = (sizing.exporter_series(64, 0, "", role) for role in ("node", "server"))
+    node_only = compute - server
+    assert node_only == ipmi

@@ -113,6 +113,7 @@ SCENARIOS = {
     "exporter_firewall": Scenario(
         "exporter_firewall", "cpu01", {"exporter_firewall_enabled": True}
     ),
+    "ipmi_exporter": Scenario("ipmi_exporter", "gpu001", {}),
 }
 
 

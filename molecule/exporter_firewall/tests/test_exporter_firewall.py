@@ -1,8 +1,10 @@
 """The exporter firewall on real hosts: who reaches the exporter, and how it persists.
 
-fw-exporter runs node_exporter (9100) and an unrelated HTTP service (8080) with the
-firewall on; fw-prom is in the prometheus group; fw-other and the controller are not.
-Tests that change the firewall put it back; the last one reboots fw-exporter.
+fw-exporter runs node_exporter on an overridden port (node_exporter_port 9102), the
+IPMI exporter (9290) and an unrelated HTTP service (8080) with the firewall on; fw-prom
+runs a standalone Prometheus that scrapes them; fw-other and the controller are not in
+the prometheus group. Tests that change the firewall put it back; the last one reboots
+fw-exporter.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from functools import cache
 from pathlib import Path
 
 import testinfra
-from testbed_helpers import converge, restart_host
+from testbed_helpers import converge, eventually, restart_host
 
 SCENARIO = Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"])
 REPO = SCENARIO.parents[1]
@@ -54,9 +56,12 @@ def host(name: str):
 
 
 EXPORTER, PROM, OTHER = host("fw-exporter"), host("fw-prom"), host("fw-other")
+# The inventory's override of node_exporter_port, and the IPMI exporter's default.
+NODE_PORT = 9102
+IPMI_PORT = 9290
 
 
-def fetch(source, port: int = 9100, path: str = "/metrics"):
+def fetch(source, port: int = NODE_PORT, path: str = "/metrics"):
     """curl from source to fw-exporter; a short timeout, since a drop never answers."""
     url = f"http://{address('fw-exporter')}:{port}{path}"
     return source.run(f"curl -sS -o /dev/null -w '%{{http_code}}' --max-time 3 {url}")
@@ -98,7 +103,7 @@ def test_table_matches_the_inventory():
     )
     assert scrapers == {"fw-prom"}
     loaded = table()
-    assert loaded["sets"]["exporter_ports"] == [9100]
+    assert loaded["sets"]["exporter_ports"] == [NODE_PORT, IPMI_PORT]
     assert loaded["sets"]["allowed_ipv4"] == sorted(address(name) for name in scrapers)
     assert loaded["sets"]["allowed_ipv6"] == []
     hook = loaded["chains"]["input"]
@@ -109,7 +114,42 @@ def test_table_matches_the_inventory():
 
 def test_prometheus_host_and_loopback_reach_the_exporter():
     assert fetch(PROM).stdout == "200"
-    assert EXPORTER.run("curl -sSf -o /dev/null --max-time 3 http://127.0.0.1:9100/metrics").rc == 0
+    local = f"http://127.0.0.1:{NODE_PORT}/metrics"
+    assert EXPORTER.run(f"curl -sSf -o /dev/null --max-time 3 {local}").rc == 0
+
+
+def up(job: str) -> dict[str, str]:
+    """instance -> value of up{job=...} as the Prometheus on fw-prom has it now."""
+    query = f'up{{job="{job}"}}'
+    answer = PROM.run(
+        f"curl -sS --max-time 5 http://127.0.0.1:9090/api/v1/query --data-urlencode 'query={query}'"
+    )
+    if answer.rc != 0:
+        return {}
+    result = json.loads(answer.stdout)["data"]["result"]
+    return {item["metric"]["instance"]: item["value"][1] for item in result}
+
+
+def test_prometheus_scrapes_the_overridden_node_port_and_the_ipmi_exporter():
+    """The registry drives the scrape: node_exporter on the host's own node_exporter_port,
+    the IPMI exporter as job ipmi, both through the firewall. up, not ipmi_up: a
+    container has no BMC, so the exporter answers while its IPMI collectors fail."""
+    target = address("fw-exporter")
+    node = f"{target}:{NODE_PORT}"
+    ipmi = f"{target}:{IPMI_PORT}"
+    assert eventually(lambda: up("node").get(node) == "1", timeout=90), up("node")
+    assert eventually(lambda: up("ipmi").get(ipmi) == "1", timeout=90), up("ipmi")
+    # Only the compute node runs the IPMI exporter; nothing is scraped on the old port.
+    assert set(up("ipmi")) == {ipmi}
+    assert f"{target}:9100" not in up("node")
+    body = PROM.check_output(f"curl -sSf --max-time 10 http://{ipmi}/metrics")
+    assert "ipmi_up" in body
+
+
+def test_firewall_opens_the_overridden_and_the_ipmi_port_to_prometheus_only():
+    for port in (NODE_PORT, IPMI_PORT):
+        assert fetch(PROM, port=port).stdout == "200", port
+        assert fetch(OTHER, port=port).rc == CURL_TIMEOUT_RC, f"fw-other reached {port}"
 
 
 def drops() -> int:
@@ -131,7 +171,7 @@ def test_other_hosts_are_dropped():
     assert drops() > before
     # The controller is not a Prometheus host either.
     controller = subprocess.run(
-        ["curl", "-sS", "--max-time", "3", f"http://{address('fw-exporter')}:9100/metrics"],
+        ["curl", "-sS", "--max-time", "3", f"http://{address('fw-exporter')}:{NODE_PORT}/metrics"],
         capture_output=True,
         check=False,
     )
@@ -186,7 +226,7 @@ def test_stop_removes_only_gpufleets_table_and_start_restores_it():
 
 KEEPALIVE = """
 import http.client, os, sys, time
-conn = http.client.HTTPConnection(sys.argv[1], 9100, timeout=10)
+conn = http.client.HTTPConnection(sys.argv[1], int(sys.argv[2]), timeout=10)
 def get():
     conn.request("GET", "/metrics")
     response = conn.getresponse()
@@ -219,7 +259,7 @@ def test_config_change_reloads_and_keeps_established_connections():
     PROM.check_output(f"cat > /tmp/keepalive.py <<'EOF'\n{KEEPALIVE}\nEOF")
     PROM.check_output(
         f"systemd-run --collect --unit gpufleet-test-keepalive python3 /tmp/keepalive.py "
-        f"{address('fw-exporter')}"
+        f"{address('fw-exporter')} {NODE_PORT}"
     )
     try:
         first = wait_for_line(PROM, "/tmp/keepalive.out", "first ").split()
@@ -228,7 +268,7 @@ def test_config_change_reloads_and_keeps_established_connections():
 
         result = rerun('{"exporter_firewall_extra_ports": [8080]}')
         assert "RUNNING HANDLER [exporter_firewall : Reload the exporter firewall]" in result.stdout
-        assert table()["sets"]["exporter_ports"] == [8080, 9100]
+        assert table()["sets"]["exporter_ports"] == [8080, NODE_PORT, IPMI_PORT]
         # Reloaded, not restarted: a restart would leave the ports open in between.
         assert EXPORTER.service(UNIT).systemd_properties["ActiveEnterTimestampMonotonic"] == started
 
@@ -241,7 +281,7 @@ def test_config_change_reloads_and_keeps_established_connections():
     finally:
         PROM.run("touch /tmp/keepalive.go; systemctl stop gpufleet-test-keepalive")
         rerun()
-    assert table()["sets"]["exporter_ports"] == [9100]
+    assert table()["sets"]["exporter_ports"] == [NODE_PORT, IPMI_PORT]
     assert fetch(OTHER, port=8080, path="/").stdout == "200"
 
 
