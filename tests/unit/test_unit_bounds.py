@@ -77,6 +77,7 @@ SCENARIOS = {
     "gpu_collector": Scenario("gpu_collector", "l40s01", {}),
     "gpu_collector_kmsg": Scenario("gpu_collector", "l40s01", {"gpu_collector_xid_source": "kmsg"}),
     "gpu_collector_root": Scenario("gpu_collector", "l40s01", {"gpu_collector_user": "root"}),
+    "gpu_collector_timer": Scenario("gpu_collector", "l40s01", {"gpu_collector_mode": "timer"}),
     "dcgm_package": Scenario("dcgm_exporter", "gpu001", {}),
     "dcgm_profiling": Scenario("dcgm_exporter", "gpu001", {"dcgm_exporter_profiling": True}),
     "dcgm_podman": Scenario(

@@ -1,15 +1,16 @@
-"""The GPU collector under its systemd timer, served by node_exporter."""
+"""The GPU collector as its systemd service (and timer), served by node_exporter."""
 
 from __future__ import annotations
 
 import re
 import subprocess
-import time
 
 import pytest
+from testbed_helpers import converge, eventually
 
 testinfra_hosts = ["all"]
 PROM = "/var/lib/node_exporter/textfile/gpufleet_gpu.prom"
+UNIT = "gpufleet-gpu-collector"
 
 
 def metrics(host) -> str:
@@ -31,22 +32,43 @@ def success(body: str) -> float | None:
 
 
 def wait_for(host, predicate, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        body = metrics(host)
-        if predicate(body) or time.monotonic() > deadline:
-            return body
-        time.sleep(1)
+    """The first /metrics body that satisfies predicate within timeout, else the last one."""
+    bodies: list[str] = []
+
+    def check() -> bool:
+        bodies.append(metrics(host))
+        return predicate(bodies[-1])
+
+    eventually(check, timeout)
+    return bodies[-1]
+
+
+def failing_for(body: str) -> float:
+    """Seconds since the collector's last success, by the host's clock (node_time_seconds)."""
+    now = samples(body, "node_time_seconds").get("", 0.0)
+    last = samples(body, "node_gpu_collector_last_success_timestamp_seconds").get("", now)
+    return now - last
+
+
+def properties(host, unit: str = f"{UNIT}.service") -> dict[str, str]:
+    names = "Type,WatchdogUSec,Restart,NRestarts,Result,ActiveState,MainPID,UnitFileState"
+    out = host.check_output(f"systemctl show -p {names} {unit}")
+    return dict(line.split("=", 1) for line in out.splitlines())
 
 
 def expected_gpus(host) -> int:
     return {"gpufleet-gpu-1": 8, "gpufleet-gpu-2": 2}[host.backend.get_hostname()]
 
 
-def test_timer_runs_the_collector(host):
-    timer = host.service("gpufleet-gpu-collector.timer")
-    assert timer.is_enabled
-    assert timer.is_running
+def test_the_collector_runs_as_a_service_with_a_watchdog(host):
+    service = properties(host)
+    assert service["UnitFileState"] == "enabled" and service["ActiveState"] == "active"
+    assert service["Type"] == "notify" and service["Restart"] == "on-failure"
+    assert service["WatchdogUSec"] == "15s"  # three 5 s intervals
+    assert service["NRestarts"] == "0"  # the watchdog never had to act
+    # The default mode has no timer (gpu_collector_mode timer would add it).
+    assert properties(host, f"{UNIT}.timer").get("UnitFileState", "") == ""
+    assert not host.file(f"/etc/systemd/system/{UNIT}.timer").exists
     body = wait_for(host, lambda b: success(b) == 1)
     assert success(body) == 1
 
@@ -118,13 +140,91 @@ def test_gpu_is_attributed_to_the_slurm_job(host, slurm_job_process):
 
 
 def test_hung_nvidia_smi_makes_gpu_series_disappear(host):
+    """The cycle's own timeout kills the hung nvidia-smi: cycles keep completing (as
+    failures), so the loop keeps its watchdog fed and is not restarted."""
+    before = properties(host)
     host.check_output("echo MODE=hang >> /etc/fake-nvidia-smi.conf")
     try:
         body = wait_for(host, lambda b: success(b) == 0)
         assert success(body) == 0
         assert "node_gpu_memory_used_bytes" not in body
-        assert host.service("gpufleet-gpu-collector.timer").is_running
+        # Failing for longer than the watchdog's 15 s, every call hanging until killed:
+        body = wait_for(host, lambda b: failing_for(b) > 20, timeout=40)
+        assert failing_for(body) > 20 and success(body) == 0
+        after = properties(host)
+        assert after["ActiveState"] == "active"
+        assert (after["MainPID"], after["NRestarts"]) == (before["MainPID"], before["NRestarts"])
     finally:
         host.check_output("sed -i '/^MODE=hang$/d' /etc/fake-nvidia-smi.conf")
     body = wait_for(host, lambda b: success(b) == 1)
     assert "node_gpu_memory_used_bytes" in body
+
+
+def test_a_wedged_loop_is_restarted_by_the_watchdog(host):
+    """A loop stopped mid-way (SIGSTOP) completes no cycle: WatchdogSec (15 s) later
+    systemd aborts it (result watchdog) and, RestartSec (5 s) later, starts a new one."""
+    if host.backend.get_hostname() != "gpufleet-gpu-1":
+        pytest.skip("the same role on both hosts: one is enough")
+    before = properties(host)
+    since = host.check_output("date +%s")
+    host.check_output(f"kill -STOP {before['MainPID']}")
+    failed = eventually(lambda: properties(host)["Result"] == "watchdog", timeout=60)
+    assert failed, properties(host)
+
+    def restarted() -> bool:
+        now = properties(host)
+        return (
+            int(now["NRestarts"]) == int(before["NRestarts"]) + 1
+            and now["ActiveState"] == "active"
+            and now["MainPID"] not in ("0", before["MainPID"])
+        )
+
+    assert eventually(restarted, timeout=60), properties(host)
+    journal = host.check_output(f"journalctl -u {UNIT}.service --since @{since} -o cat --no-pager")
+    assert "Watchdog timeout" in journal
+    # faulthandler: where the loop was when the watchdog's SIGABRT ended it.
+    assert "Fatal Python error: Aborted" in journal
+    body = wait_for(host, lambda b: success(b) == 1)
+    assert success(body) == 1
+
+
+def test_switching_to_the_timer_and_back_is_clean_and_idempotent(host):
+    """gpu_collector_mode timer: the service's loop is stopped and disabled, the timer
+    runs a oneshot; back to service: the timer is stopped, disabled and removed. A
+    second run of either changes nothing."""
+    name = host.backend.get_hostname()
+    if name != "gpufleet-gpu-2":
+        pytest.skip("the same role on both hosts: one is enough")
+
+    def run(mode: str) -> int:
+        result = converge(f"gpu_collector_mode={mode}", tags="gpu_collector", limit=name)
+        assert result.returncode == 0, result.stdout[-3000:]
+        match = re.search(rf"{re.escape(name)}\s*:\s*ok=\d+\s+changed=(\d+)", result.stdout)
+        assert match, result.stdout[-3000:]
+        return int(match.group(1))
+
+    try:
+        assert run("timer") > 0
+        assert run("timer") == 0
+        timer, service = properties(host, f"{UNIT}.timer"), properties(host)
+        assert timer["UnitFileState"] == "enabled" and timer["ActiveState"] == "active"
+        assert service["Type"] == "oneshot" and service["UnitFileState"] == "static"
+        assert not host.file(f"/etc/systemd/system/multi-user.target.wants/{UNIT}.service").exists
+        # The timer's runs write the file: a success newer than the switch.
+        switched = float(host.check_output("date +%s"))
+        body = wait_for(
+            host,
+            lambda b: (
+                samples(b, "node_gpu_collector_last_success_timestamp_seconds").get("", 0)
+                > switched
+            ),
+        )
+        assert success(body) == 1
+    finally:
+        assert run("service") > 0
+    assert run("service") == 0
+    service = properties(host)
+    assert service["Type"] == "notify" and service["UnitFileState"] == "enabled"
+    assert service["ActiveState"] == "active"
+    assert properties(host, f"{UNIT}.timer").get("UnitFileState", "") == ""
+    assert not host.file(f"/etc/systemd/system/{UNIT}.timer").exists

@@ -20,7 +20,12 @@ not from nvidia-smi), so GPU series disappear instead of looking current.
 Everything a cycle reads is bounded: ``--timeout`` is one deadline for the whole
 cycle (each command gets what is left), a command's output is read up to a byte
 limit, at most MAX_GPUS GPU rows are accepted, and state files of the wrong shape
-are ignored. See docs/gpu-collector.md.
+are ignored.
+
+``--once`` runs one cycle (a systemd timer's oneshot service); without it the process
+loops every ``--interval`` seconds (a Type=notify service) and tells systemd READY=1
+after its first cycle and WATCHDOG=1 after each one, over $NOTIFY_SOCKET. See
+docs/gpu-collector.md.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import argparse
 import contextlib
 import csv
 import errno
+import faulthandler
+import functools
 import json
 import math
 import os
@@ -37,6 +44,7 @@ import re
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -524,9 +532,7 @@ def parse_csv(
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         raise CollectorError("parse_error", "empty output")
-    header = [canonical_field(h) for h in csv_fields(lines[0], "parse_error")]
-    if not header or not all(FIELD_NAME_RE.fullmatch(h) for h in header):
-        raise CollectorError("parse_error", "no CSV header")
+    header = list(csv_header(lines[0]))
     rows: list[dict[str, str]] = []
     skipped = 0
     for number, line in enumerate(lines[1:], start=2):
@@ -542,6 +548,15 @@ def parse_csv(
     return CsvTable(header, rows, skipped)
 
 
+@functools.lru_cache(maxsize=16)
+def csv_header(line: str) -> tuple[str, ...]:
+    """A header line -> canonical field names; the loop sees the same line every cycle."""
+    header = tuple(canonical_field(h) for h in csv_fields(line, "parse_error"))
+    if not header or not all(FIELD_NAME_RE.fullmatch(h) for h in header):
+        raise CollectorError("parse_error", "no CSV header")
+    return header
+
+
 def csv_fields(line: str, reason: str) -> list[str]:
     """One line -> stripped fields. Lines are split first, so an unterminated
     quote cannot swallow the rows after it."""
@@ -551,7 +566,7 @@ def csv_fields(line: str, reason: str) -> list[str]:
         values = next(csv.reader([line], skipinitialspace=True), [])
     except csv.Error as exc:  # e.g. a field over csv.field_size_limit()
         raise CollectorError("parse_error", f"CSV: {exc}") from exc
-    return [v.strip() for v in values]
+    return list(map(str.strip, values))
 
 
 def join_text_tail(header: list[str], values: list[str]) -> list[str]:
@@ -567,15 +582,15 @@ def csv_row(header: list[str], values: list[str], number: int) -> dict[str, str]
     width = len(header)
     if len(values) != width:
         raise CollectorError("bad_row", f"line {number}: {len(values)} fields, header has {width}")
-    if any(len(v) > MAX_FIELD_CHARS for v in values):
+    if width and max(map(len, values)) > MAX_FIELD_CHARS:
         raise CollectorError("bad_row", f"line {number}: a field over {MAX_FIELD_CHARS} characters")
     return {name: values[i] for i, name in enumerate(header)}
 
 
 def clock_event_values(row: dict[str, str]) -> list[tuple[str, tuple[tuple[str, str], ...], float]]:
     out: list[tuple[str, tuple[tuple[str, str], ...], float]] = []
-    active = parse_number(row.get("clocks_event_reasons.active"))
-    supported = parse_number(row.get("clocks_event_reasons.supported"))
+    active = special_outcome(row.get("clocks_event_reasons.active"))[0]
+    supported = special_outcome(row.get("clocks_event_reasons.supported"))[0]
     if active is not None:
         for reason, bit in CLOCK_EVENT_BITS:
             if supported is None or int(supported) & bit:
@@ -587,34 +602,54 @@ def clock_event_values(row: dict[str, str]) -> list[tuple[str, tuple[tuple[str, 
                     )
                 )
     for reason in CLOCK_EVENT_COUNTERS:
-        micros = parse_number(row.get(f"clocks_event_reasons_counters.{reason}"))
+        micros = special_outcome(row.get(f"clocks_event_reasons_counters.{reason}"))[0]
         if micros is not None:
             out.append(("clock_event_reason_seconds_total", (("reason", reason),), micros * 1e-6))
     return out
 
 
-def field_values(row: dict[str, str]) -> list[tuple[str, tuple[tuple[str, str], ...], float]]:
+# The loop parses mostly the same text every cycle (memory sizes, limits, modes, [N/A]):
+# what a field's text parses to is kept, bounded, instead of parsed again.
+PARSE_CACHE_SIZE = 4096
+
+
+@functools.lru_cache(maxsize=PARSE_CACHE_SIZE)
+def spec_outcome(index: int, raws: tuple[str | None, ...]) -> tuple[float | None, bool]:
+    """FIELD_SPECS[index] over its candidates' text: (scaled value, unreadable).
+
+    The first candidate that parses wins; with none, the field is unreadable when
+    any candidate holds something other than a "not applicable" token.
+    """
+    spec = FIELD_SPECS[index]
+    for raw in raws:
+        value = spec.parse(raw)
+        if value is not None:
+            return value * spec.scale, False
+    return None, any(not is_not_applicable(raw) for raw in raws)
+
+
+@functools.lru_cache(maxsize=PARSE_CACHE_SIZE)
+def special_outcome(raw: str | None) -> tuple[float | None, bool]:
+    """A SPECIAL_FIELDS value: (number, unreadable)."""
+    value = parse_number(raw)
+    return value, value is None and not is_not_applicable(raw)
+
+
+def field_values(
+    row: dict[str, str],
+) -> tuple[list[tuple[str, tuple[tuple[str, str], ...], float]], int]:
+    """(metric, labels, value) of every field that has a value, and the count of
+    fields answered with an error token or a value their parser rejects."""
     out: list[tuple[str, tuple[tuple[str, str], ...], float]] = []
-    for spec in FIELD_SPECS:
-        for field in spec.fields:
-            value = spec.parse(row.get(field))
-            if value is not None:
-                out.append((spec.metric, spec.labels, value * spec.scale))
-                break
-    return out + clock_event_values(row)
-
-
-def unreadable_fields(row: dict[str, str]) -> int:
-    """Fields answered with an error token or a value their parser rejects."""
-    count = 0
-    for spec in FIELD_SPECS:
-        raws = [row.get(field) for field in spec.fields]
-        if all(spec.parse(raw) is None for raw in raws):
-            count += any(not is_not_applicable(raw) for raw in raws)
+    unreadable = 0
+    for index, spec in enumerate(FIELD_SPECS):
+        value, bad = spec_outcome(index, tuple(map(row.get, spec.fields)))
+        if value is not None:
+            out.append((spec.metric, spec.labels, value))
+        unreadable += bad
     for field in SPECIAL_FIELDS:
-        raw = row.get(field)
-        count += parse_number(raw) is None and not is_not_applicable(raw)
-    return count
+        unreadable += special_outcome(row.get(field))[1]
+    return out + clock_event_values(row), unreadable
 
 
 INDEX_RE = re.compile(r"[0-9]{1,4}")
@@ -632,8 +667,8 @@ def nvidia_row_to_gpu(row: dict[str, str]) -> GpuData:
         "vbios_version": clean_label(row.get("vbios_version")),
     }
     uuid = clean_label(row.get("uuid"))
-    values = field_values(row)
-    return GpuData(str(int(index)), uuid, "nvidia", info, values, unreadable_fields(row))
+    values, unreadable = field_values(row)
+    return GpuData(str(int(index)), uuid, "nvidia", info, values, unreadable)
 
 
 class NvidiaParse(NamedTuple):
@@ -1164,7 +1199,7 @@ def to_samples(gpus: list[GpuData]) -> list[Sample]:
     for gpu in gpus:
         base = base_labels(gpu)
         samples.append(Sample("info", base + tuple(sorted(gpu.info.items())), 1.0))
-        samples.extend(Sample(name, base + extra, value) for name, extra, value in gpu.values)
+        samples.extend([Sample(name, base + extra, value) for name, extra, value in gpu.values])
         if gpu.unreadable is not None:
             samples.append(Sample("unreadable_fields", base, float(gpu.unreadable)))
     return samples
@@ -1217,10 +1252,15 @@ def health_samples(
     return samples
 
 
+SERIES_CACHE_SIZE = 8192  # series names and values kept between cycles
+
+
 def escape_label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+# Most values repeat from cycle to cycle (0, 1, sizes, limits).
+@functools.lru_cache(maxsize=SERIES_CACHE_SIZE)
 def format_value(value: float) -> str:
     value = float(value)
     if value.is_integer() and abs(value) < 1e15:
@@ -1228,30 +1268,40 @@ def format_value(value: float) -> str:
     return repr(value)
 
 
+FAMILY_HEADERS = {
+    name: f"# HELP {PREFIX}{name} {help_text}\n# TYPE {PREFIX}{name} {kind}"
+    for name, (kind, help_text) in FAMILIES.items()
+}
+
+
+# The loop writes the same series every cycle: their names, labels escaped, are kept.
+@functools.lru_cache(maxsize=SERIES_CACHE_SIZE)
+def series_text(name: str, labels: tuple[tuple[str, str], ...]) -> str:
+    """'node_gpu_<name>{label="value",...}' (no braces without labels)."""
+    if not labels:
+        return PREFIX + name
+    text = ",".join(f'{k}="{escape_label(v)}"' for k, v in labels)
+    return f"{PREFIX}{name}{{{text}}}"
+
+
 def render_metrics(samples: Iterable[Sample]) -> str:
     """Group samples by family (FAMILIES order) with # HELP / # TYPE lines."""
-    by_name: dict[str, list[Sample]] = {}
+    by_name: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
     for sample in samples:
         if sample.name not in FAMILIES:
             raise KeyError(f"undeclared metric family {sample.name}")
-        by_name.setdefault(sample.name, []).append(sample)
+        # one value per series, first wins
+        by_name.setdefault(sample.name, {}).setdefault(sample.labels, sample.value)
     lines: list[str] = []
-    for name, (kind, help_text) in FAMILIES.items():
-        if name not in by_name:
-            continue
-        full = PREFIX + name
-        lines.append(f"# HELP {full} {help_text}")
-        lines.append(f"# TYPE {full} {kind}")
-        seen: set[tuple[tuple[str, str], ...]] = set()
-        for sample in by_name[name]:
-            if sample.labels in seen:  # one value per series, first wins
-                continue
-            seen.add(sample.labels)
-            labels = ",".join(f'{k}="{escape_label(v)}"' for k, v in sample.labels)
-            lines.append(
-                f"{full}{{{labels}}} {format_value(sample.value)}"
-                if labels
-                else f"{full} {format_value(sample.value)}"
+    for name, header in FAMILY_HEADERS.items():
+        series = by_name.get(name)
+        if series:
+            lines.append(header)
+            lines.extend(
+                [
+                    f"{series_text(name, labels)} {format_value(value)}"
+                    for labels, value in series.items()
+                ]
             )
     return "\n".join(lines) + "\n"
 
@@ -1273,10 +1323,13 @@ def previous_last_success(text: str | None) -> float | None:
 # ------------------------------------------------------------------------- I/O
 
 
-def write_atomic(path: str, text: str) -> None:
-    """tmp file in the same directory + fsync + os.replace: readers never see half a file.
+def write_atomic(path: str, text: str, durable: bool = True) -> None:
+    """tmp file in the same directory + os.replace: readers never see half a file.
 
-    The tmp name does not end in .prom, so node_exporter's *.prom glob ignores it.
+    ``durable`` also fsyncs file and directory, for state that must survive a crash
+    (XID counters). The textfile is not: it is rewritten every cycle, and a new
+    cycle starts seconds after a reboot. The tmp name does not end in .prom, so
+    node_exporter's *.prom glob ignores it.
     """
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
@@ -1285,21 +1338,21 @@ def write_atomic(path: str, text: str) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
+            os.fchmod(fd, 0o644)  # whatever the umask
+            if durable:
+                os.fsync(fd)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    try:
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError:
-        pass
+    if durable:
+        with contextlib.suppress(OSError):
+            dir_fd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
 
 
 class BoundedBuffer:
@@ -1353,8 +1406,7 @@ def run_command(
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            start_new_session=True,
-            env={**os.environ, "LC_ALL": "C"},
+            start_new_session=True,  # the environment: see main()
         )
     except FileNotFoundError as exc:
         raise CollectorError("not_found", str(exc)) from exc
@@ -1813,11 +1865,17 @@ def state_file(args: argparse.Namespace, name: str) -> str | None:
 
 
 def collect_gpu_samples(
-    args: argparse.Namespace, memory: FieldMemory | None, deadline: Deadline | None = None
+    args: argparse.Namespace,
+    memory: FieldMemory | None,
+    deadline: Deadline | None = None,
+    vendor: str = "",
 ) -> tuple[list[Sample], list[GpuData], bool | None]:
-    """The vendor part of a cycle: (samples, gpus, compute-apps ok or None)."""
+    """The vendor part of a cycle: (samples, gpus, compute-apps ok or None).
+
+    ``vendor``: what resolve_tools(args) answered before; looked up when empty.
+    """
     deadline = deadline or Deadline(args.timeout)
-    vendor = resolve_tools(args)
+    vendor = vendor or resolve_tools(args)
     if vendor == "amd":
         gpus = query_amd(args, deadline)
         return to_samples(gpus), gpus, None
@@ -1851,6 +1909,7 @@ class Collector:
         self.xid_state = load_xid_state(self.xid_path) if args.xid_source != "none" else {}
         if args.xid_source != "none" and not self.xid_path:
             log("no --state-dir: XID counters restart with every process")
+        self.vendor = ""  # the tools found; searched on PATH again when one fails to run
 
     def journal_reserve(self) -> float:
         """Seconds of the cycle kept for journalctl after the vendor tool."""
@@ -1872,9 +1931,13 @@ class Collector:
     def collect(self, deadline: Deadline) -> tuple[list[Sample], list[GpuData], bool | None]:
         """collect_gpu_samples; any other exception becomes internal_error, so a
         bug can never leave the last cycle's success file in place."""
+        if not self.vendor:
+            self.vendor = resolve_tools(self.args)
         try:
-            return collect_gpu_samples(self.args, self.memory, deadline)
-        except CollectorError:
+            return collect_gpu_samples(self.args, self.memory, deadline, self.vendor)
+        except CollectorError as exc:
+            if exc.reason in ("not_found", "exec_error"):
+                self.vendor = ""
             raise
         except Exception as exc:  # reported as reason internal_error
             raise CollectorError("internal_error", f"{type(exc).__name__}: {exc}") from exc
@@ -1905,8 +1968,70 @@ class Collector:
             self.last_success,
             error.reason if error else None,
         )
-        write_atomic(self.output, render_metrics(samples + extra + health))
+        write_atomic(self.output, render_metrics(samples + extra + health), durable=False)
         return error is None
+
+
+# ---------------------------------------------------------------- systemd notify
+
+
+def notify_address(value: str) -> bytes | None:
+    """$NOTIFY_SOCKET -> an AF_UNIX address: a path, or '@name' in the abstract
+    namespace (a leading NUL byte). Other forms (vsock:...) are not used."""
+    if value.startswith("/"):
+        return os.fsencode(value)
+    if value.startswith("@") and len(value) > 1:
+        return b"\0" + os.fsencode(value[1:])
+    return None
+
+
+class Notifier:
+    """sd_notify(3): one datagram per message to systemd's socket; a no-op without one."""
+
+    def __init__(self, address: bytes | None) -> None:
+        self.address = address
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) if address else None
+
+    @classmethod
+    def from_environ(cls) -> Notifier:
+        # Taken out of the environment, as sd_notify does: the vendor tools inherit it.
+        return cls(notify_address(os.environ.pop("NOTIFY_SOCKET", "")))
+
+    def send(self, message: str) -> bool:
+        if self.sock is None or self.address is None:
+            return False
+        try:
+            self.sock.sendto(message.encode(), self.address)
+        except OSError as exc:
+            log(f"cannot notify systemd: {exc}")
+            return False
+        return True
+
+
+class Stop(BaseException):
+    """SIGTERM: the loop ends where it is (every file is replaced atomically)."""
+
+
+def _stop(_signum: int, _frame: Any) -> None:
+    raise Stop
+
+
+def run_loop(collector: Collector, interval: float, notifier: Notifier) -> None:
+    """A cycle every ``interval`` seconds until SIGTERM.
+
+    systemd hears READY=1 after the first cycle (the output exists) and WATCHDOG=1
+    after every cycle, failed ones too: a loop that stops completing cycles (a
+    cycle itself ends within --timeout) is killed and restarted by its watchdog.
+    """
+    ready = "READY=1\n"
+    next_run = time.monotonic()
+    while True:
+        collector.cycle()
+        notifier.send(ready + "WATCHDOG=1")
+        ready = ""
+        # An overrun skips the missed ticks instead of bursting.
+        next_run = max(next_run + interval, time.monotonic())
+        time.sleep(max(next_run - time.monotonic(), 0.0))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -1949,21 +2074,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # The vendor tools inherit this environment; set once, not copied per command.
+    os.environ["LC_ALL"] = "C"
     collector = Collector(args)
     if args.once:
         return 0 if collector.cycle() else 1
-    stop: list[int] = []
-    signal.signal(signal.SIGTERM, lambda signum, _frame: stop.append(signum))
-    next_run = time.monotonic()
-    while not stop:
-        collector.cycle()
-        next_run += args.interval
-        delay = next_run - time.monotonic()
-        if delay < 0:  # overran: skip missed ticks instead of bursting
-            next_run, delay = time.monotonic(), 0.0
-        while delay > 0 and not stop:
-            time.sleep(min(delay, 1.0))
-            delay = next_run - time.monotonic()
+    faulthandler.enable()  # the watchdog's SIGABRT leaves where the loop hung in the log
+    signal.signal(signal.SIGTERM, _stop)
+    with contextlib.suppress(Stop):
+        run_loop(collector, args.interval, Notifier.from_environ())
     return 0
 
 

@@ -362,3 +362,27 @@ def test_loop_mode_runs_cycles_until_sigterm(fake_smi, tmp_path):
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0
+
+
+def test_loop_looks_the_tool_up_once_and_again_when_it_fails_to_run(
+    fake_smi, tmp_path, monkeypatch
+):
+    """A long-running loop does not search PATH every cycle, but a tool that moved
+    (not_found) is searched for again at the next cycle."""
+    monkeypatch.setenv("PATH", f"{fake_smi.bin.parent}{os.pathsep}{os.environ['PATH']}")
+    out = tmp_path / "tf"
+    out.mkdir()
+    args = gc.parse_args(["--textfile-dir", str(out), "--state-dir", "", "--vendor", "nvidia"])
+    collector = gc.Collector(args)
+    lookups: list[str] = []
+    which = shutil.which
+    monkeypatch.setattr(gc.shutil, "which", lambda name: lookups.append(name) or which(name))
+    assert collector.cycle() and collector.cycle()
+    assert lookups.count("nvidia-smi") == 1
+    moved = fake_smi.bin.with_name("moved")
+    fake_smi.bin.rename(moved)
+    assert not collector.cycle()
+    assert values_of((out / "gpufleet_gpu.prom").read_text(), "node_gpu_collector_error_info")
+    moved.rename(fake_smi.bin)
+    assert collector.cycle()
+    assert lookups.count("nvidia-smi") == 2
