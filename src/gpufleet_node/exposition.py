@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -71,3 +75,20 @@ def render(families: Iterable[Family]) -> str:
             else:
                 out.append(f"{fam.name} {_format_value(value)}")
     return "\n".join(out) + "\n"
+
+
+def write_textfile(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write ``text`` to ``path`` atomically (temp file in the same directory, fsync,
+    rename), as node_exporter's textfile collector needs: it never reads a partial file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

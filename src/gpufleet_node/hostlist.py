@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from typing import Union
 
 MAX_HOSTS_PER_EXPRESSION = 65536  # hosts one hostlist expression may name
 MAX_HOSTS_PER_SCRAPE = 262144  # hosts all job hostlists of one collection may name together
@@ -76,10 +77,14 @@ def expand_ranges(text: str, limit: int, max_value: int) -> list[int]:
     return out
 
 
-def _hostlist_item(item: str) -> list:
+# A parsed hostlist item: literal text, and bracket groups as (low, high, width) ranges.
+ItemPart = Union[str, list[tuple[int, int, int]]]
+
+
+def _hostlist_item(item: str) -> list[ItemPart]:
     """One hostlist item split into literals and bracket ranges:
     ``gpu[01-02,7]x`` -> ["gpu", [(1, 2, 2), (7, 7, 1)], "x"]."""
-    parts: list = []
+    parts: list[ItemPart] = []
     pos = 0
     while True:
         open_at = item.find("[", pos)

@@ -7,8 +7,13 @@ import os
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Optional
 
 LOG = logging.getLogger(__name__)
+
+
+# (name, mtime_ns, size, inode) of each file; None for a file that cannot be read
+Stamp = tuple[tuple[str, Optional[int], Optional[int], Optional[int]], ...]
 
 
 class ReloadedFile:
@@ -23,20 +28,20 @@ class ReloadedFile:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._stamp: tuple | None = None
+        self._stamp: Stamp | None = None
 
     @staticmethod
-    def _stamp_of(names: Iterable[str]) -> tuple:
-        stamps = []
+    def _stamp_of(names: Iterable[str]) -> Stamp:
+        stamps: list[tuple[str, int | None, int | None, int | None]] = []
         for name in names:
             try:
                 st = os.stat(name)
                 stamps.append((name, st.st_mtime_ns, st.st_size, st.st_ino))
             except OSError:
-                stamps.append((name, None))
+                stamps.append((name, None, None, None))
         return tuple(stamps)
 
-    def _file_stamp(self) -> tuple:
+    def _file_stamp(self) -> Stamp:
         return self._stamp_of([str(self.path)])
 
     def _load(self) -> None:

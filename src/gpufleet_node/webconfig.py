@@ -10,11 +10,12 @@ import os
 import re
 import ssl
 import threading
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet_node.reloaded import ReloadedFile
+from gpufleet_node.reloaded import ReloadedFile, Stamp
 
 TLS_VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
 CLIENT_AUTH_TYPES = {
@@ -130,7 +131,7 @@ class WebConfig(ReloadedFile):
         if self.path is not None:
             self._load()
 
-    def _file_stamp(self) -> tuple:
+    def _file_stamp(self) -> Stamp:
         return self._stamp_of([str(self.path), *self._files])
 
     def _load(self) -> None:
@@ -161,7 +162,7 @@ class WebConfig(ReloadedFile):
             return self._settings
 
 
-def bcrypt_module():
+def bcrypt_module() -> types.ModuleType:
     try:
         import bcrypt  # only sites with basic auth need it
     except ImportError as exc:

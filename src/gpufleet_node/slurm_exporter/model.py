@@ -192,13 +192,13 @@ class JobDetail:
         return sum(a.gpus for a in self.allocations)
 
 
-class JobList(list):
+class JobList(list[JobDetail]):
     """Parsed job records plus what was left out and why (a list, for the generic code)."""
 
     def __init__(self, jobs: Iterable[JobDetail] = (), source: str = "text") -> None:
         super().__init__(jobs)
         self.source = source
-        self.rejected: Counter = Counter()
+        self.rejected: Counter[str] = Counter()
 
     @property
     def unusable(self) -> bool:

@@ -9,6 +9,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gpufleet_node.hostlist import (
     MAX_HOSTS_PER_EXPRESSION,
@@ -342,13 +343,13 @@ def _job_allocations(
     return tuple(allocs)
 
 
-def _dedupe(jobs: list[JobDetail], result: JobList, seen: Counter | None = None) -> None:
+def _dedupe(jobs: list[JobDetail], result: JobList, seen: Counter[str] | None = None) -> None:
     """Append ``jobs`` to ``result`` except ids seen more than once (all of those are dropped).
 
     ``seen`` counts the ids of every record, also of those left out for another reason: a
     forged record must not pass because the real one of its id was unreadable.
     """
-    seen = seen if seen is not None else Counter(j.job_id for j in jobs)
+    seen = seen if seen is not None else Counter[str](j.job_id for j in jobs)
     for job in jobs:
         if seen[job.job_id] > 1:
             result.rejected["duplicate"] += 1
@@ -366,7 +367,7 @@ def parse_scontrol_jobs(text: str) -> tuple[JobList, int]:
     result = JobList(source="text")
     budget = HostBudget()
     parsed: list[JobDetail] = []
-    starts: Counter = Counter()  # job ids of all lines that start a record
+    starts: Counter[str] = Counter()  # job ids of all lines that start a record
     # "\n" only: scontrol ends records with it; str.splitlines would also split on
     # characters (\x1c, \u2028, ...) that a job name may contain.
     for raw in text.split("\n"):
@@ -453,7 +454,7 @@ def _json_state(value: object) -> str:
     raise ValueError("job_state is neither a string nor a list of strings")
 
 
-def _json_hosts(job: Mapping, budget: HostBudget) -> list[str]:
+def _json_hosts(job: Mapping[str, Any], budget: HostBudget) -> list[str]:
     """The job's allocated nodes in gres_detail order.
 
     v0.0.42 lists them as job_resources.nodes.allocation[i].name; older schemas give a
@@ -539,14 +540,16 @@ def parse_scontrol_jobs_json(text: str) -> tuple[JobList, int]:
     return result, sum(result.rejected.values())
 
 
-def verify_jobs(jobs: JobList, queue: list[QueueRow] | None) -> tuple[list[JobDetail], Counter]:
+def verify_jobs(
+    jobs: JobList, queue: list[QueueRow] | None
+) -> tuple[list[JobDetail], Counter[str]]:
     """The jobs whose GPUs may be exported, and why others were left out (this snapshot).
 
     JSON records are taken as they are. A text record with GPUs is kept only if squeue lists
     its job id as alive (not in a terminal state) for the same user: a forged record (a line
     break in free text) names a job id squeue does not have, or one that is then a duplicate.
     """
-    rejected: Counter = Counter()
+    rejected: Counter[str] = Counter()
     if jobs.source != "text":
         return list(jobs), rejected
     alive = {row.job_id: row.user for row in (queue or ()) if row.state not in TERMINAL_STATES}

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from gpufleet_node import __version__
 from gpufleet_node.slurm_exporter.collect import Collector
@@ -54,7 +54,7 @@ class _Conn:
     accepting thread take effect within a fraction of a second.
     """
 
-    def __init__(self, sock: socket.socket, address: tuple, deadline: float) -> None:
+    def __init__(self, sock: socket.socket, address: tuple[str, int], deadline: float) -> None:
         self.sock = sock
         self.address = address
         self.accepted = time.monotonic()
@@ -137,7 +137,7 @@ class _ConnWriter(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, data) -> int:  # type: ignore[override]
+    def write(self, data: bytes) -> int:  # type: ignore[override]
         self._conn.sendall(bytes(data))
         return len(data)
 
@@ -153,7 +153,7 @@ def make_handler(
             conn: _Conn = self.request
             self.connection = conn.sock
             self.rfile = io.BytesIO(conn.head)
-            self.wfile = _ConnWriter(conn)
+            self.wfile = _ConnWriter(conn)  # type: ignore[assignment]
 
         def do_GET(self) -> None:
             if not auth.allowed(self.headers.get("Authorization"), web.current().users):
@@ -269,7 +269,7 @@ class ExporterServer(socketserver.TCPServer):
         min(readers, key=lambda c: c.accepted).evict()
         return True
 
-    def get_request(self):
+    def get_request(self) -> tuple[socket.socket, Any]:
         try:
             return super().get_request()
         except OSError as exc:
@@ -279,7 +279,7 @@ class ExporterServer(socketserver.TCPServer):
                 time.sleep(_POLL_SLICE)
             raise
 
-    def process_request(self, request, client_address) -> None:
+    def process_request(self, request: Any, client_address: Any) -> None:
         # Evicted connections end within milliseconds; open descriptors stay below twice
         # the limit. Should a burst reach that, wait a moment for them instead of refusing.
         give_up = time.monotonic() + _EVICTION_WAIT
@@ -321,7 +321,8 @@ class ExporterServer(socketserver.TCPServer):
             conn.head = head
             conn.phase = "write"
             conn.deadline = time.monotonic() + self.write_timeout
-            self.RequestHandlerClass(conn, conn.address, self)
+            # typeshed wants the handler's own server type; any TCPServer subclass serves.
+            self.RequestHandlerClass(conn, conn.address, self)  # type: ignore[arg-type]
         except (OSError, ValueError) as exc:  # timeouts, resets, broken pipes, TLS errors
             LOG.debug("connection from %s ended: %s", conn.address[0], exc or type(exc).__name__)
         except Exception as exc:
@@ -332,7 +333,7 @@ class ExporterServer(socketserver.TCPServer):
             with contextlib.suppress(OSError):
                 conn.sock.close()
 
-    def handle_error(self, request, client_address) -> None:
+    def handle_error(self, request: Any, client_address: Any) -> None:
         exc = sys.exc_info()[1]
         LOG.debug("connection from %s failed: %r", client_address[0], exc)
 

@@ -222,6 +222,7 @@ class NodeMap(ReloadedFile):
 
     def _load(self) -> None:
         stamp = self._file_stamp()
+        assert self.path is not None  # set in __init__
         try:
             with open(self.path, "rb") as f:
                 raw = f.read(MAX_NODE_MAP_BYTES + 1)
