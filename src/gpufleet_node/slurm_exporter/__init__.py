@@ -10,7 +10,7 @@ the cluster-level series (``&cluster=1``); no query serves everything.
 Metric names follow SckyzO/slurm_exporter (which kept the vpenso names) so existing Slurm
 dashboards work; the additions are documented in docs/slurm-exporter.md.
 
-Layout: model (commands, bounds, data) -> parse (one pure function per command output) ->
+Layout: model (commands, bounds, data) -> parsers (one pure module per command output) ->
 metrics (pure families) -> shards (pure per-shard selection) -> collect (the thread) ->
 server (HTTP) -> cli.
 """

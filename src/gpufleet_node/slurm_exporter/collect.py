@@ -22,7 +22,7 @@ from gpufleet_node.slurm_exporter.model import (
     JSON_MIN_VERSION,
     JobList,
 )
-from gpufleet_node.slurm_exporter.parse import PARSERS
+from gpufleet_node.slurm_exporter.parsers import PARSERS
 from gpufleet_node.slurm_exporter.shards import (
     CLUSTER_PART,
     NodeMap,

@@ -23,7 +23,8 @@ from gpufleet_node.slurm_exporter.model import (
     Sdiag,
     ShareRow,
 )
-from gpufleet_node.slurm_exporter.parse import gpu_count, verify_jobs
+from gpufleet_node.slurm_exporter.parsers.common import gpu_count
+from gpufleet_node.slurm_exporter.parsers.jobs import verify_jobs
 
 
 def node_state_bucket(state: str) -> str:

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from gpufleet_node import build, commands, exposition, hostlist, webconfig
-from gpufleet_node.slurm_exporter import cli, collect, metrics, model, parse, server, shards
+from gpufleet_node.slurm_exporter import cli, collect, metrics, model, parsers, server, shards
+from gpufleet_node.slurm_exporter.parsers import common, jobs, sdiag, sinfo, squeue, sshare
 
 ROOT = Path(__file__).resolve().parents[3]
 ROLE_DIR = ROOT / "roles" / "slurm_exporter"
@@ -42,7 +43,13 @@ MODULES = (
     commands,
     webconfig,
     model,
-    parse,
+    parsers,
+    common,
+    sinfo,
+    squeue,
+    jobs,
+    sdiag,
+    sshare,
     metrics,
     shards,
     collect,

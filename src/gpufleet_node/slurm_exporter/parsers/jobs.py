@@ -1,13 +1,11 @@
-"""Parse functions, one per Slurm command output. Pure: text in, data out."""
+"""``scontrol show job -d``: job records (text or JSON) and their check against squeue."""
 
 from __future__ import annotations
 
 import json
-import math
 import re
-import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,201 +14,18 @@ from gpufleet_node.hostlist import (
     BoundExceeded,
     HostBudget,
     expand_hostlist,
-    expand_ranges,
-    split_top_level,
 )
 from gpufleet_node.slurm_exporter.model import (
-    MAX_GPU_COUNT,
-    MAX_GRES_INDEX,
     MAX_GRES_INDICES,
     MAX_RECORD_TOKENS,
     MISSING,
     TERMINAL_STATES,
-    Gres,
     JobDetail,
     JobList,
     NodeAlloc,
-    NodeRow,
     QueueRow,
-    Sdiag,
-    ShareRow,
 )
-
-_PAREN_RE = re.compile(r"^(.*)\(([^()]*)\)$")
-_COUNT_RE = re.compile(r"^([0-9]{1,12})([KMGTP]?)$")
-_MULT = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
-
-
-def parse_gres(spec: str) -> tuple[Gres, ...]:
-    """Parse a GRES list as sinfo Gres/GresUsed or scontrol ``GRES=`` print it.
-
-    Handles ``gpu:4``, ``gpu:a100:4(S:0-1)``, ``gpu:a100:2(IDX:0-1)``, ``gpu:a100:0(IDX:N/A)``,
-    ``gpu:(null):0(IDX:N/A)``, ``gpu(IDX:0-1)`` (count from the indices), MIG types with dots,
-    several types separated by commas, and ``(null)``/empty (no GRES).
-    """
-    spec = spec.strip()
-    if spec in MISSING:
-        return ()
-    out: list[Gres] = []
-    for token in split_top_level(spec):
-        paren = ""
-        m_paren = _PAREN_RE.match(token)
-        if m_paren and m_paren.group(2) != "null":
-            token, paren = m_paren.group(1), m_paren.group(2)
-        parts = token.split(":")
-        name = parts[0]
-        if not name:
-            raise ValueError(f"bad gres token {token!r}")
-        gtype: str | None = None
-        count: int | None = None
-        rest = parts[1:]
-        if rest:
-            m = _COUNT_RE.match(rest[-1])
-            if m:
-                count = int(m.group(1)) * _MULT[m.group(2)]
-                rest = rest[:-1]
-            if rest:
-                gtype = ":".join(rest)
-                if gtype in MISSING:
-                    gtype = None
-        indices: tuple[int, ...] = ()
-        if paren.startswith("IDX:"):
-            idx = paren[4:]
-            if idx not in MISSING:
-                indices = tuple(expand_ranges(idx, MAX_GRES_INDICES, MAX_GRES_INDEX))
-        if count is None:
-            count = len(indices) if indices else 1
-        if name == "gpu" and count > MAX_GPU_COUNT:
-            raise BoundExceeded(f"gres token {token[:80]!r}: more than {MAX_GPU_COUNT} GPUs")
-        out.append(Gres(name=name, type=gtype, count=count, indices=indices))
-    return tuple(out)
-
-
-def gpu_count(gres: Iterable[Gres]) -> int:
-    return sum(g.count for g in gres if g.name == "gpu")
-
-
-def _float(text: str) -> float | None:
-    text = text.strip()
-    if text in MISSING:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
-
-
-def _int(text: str) -> int:
-    value = _float(text)
-    return int(value) if value is not None else 0
-
-
-def parse_slurm_time(text: str) -> float | None:
-    """``2026-11-22T02:15:56`` (SLURM_TIME_FORMAT=standard, controller local time) -> epoch."""
-    text = text.strip()
-    if text in MISSING:
-        return None
-    try:
-        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
-    except (ValueError, OverflowError):
-        return None
-
-
-# ---------------------------------------------------------------------------------------
-# Parse functions, one per command output. Pure: text in, data out.
-# Malformed lines are skipped and counted (returned as ``bad``), never raised.
-# ---------------------------------------------------------------------------------------
-
-
-def parse_version(text: str) -> str | None:
-    """``slurm 22.05.8`` / ``slurm-wlm 22.05.8`` -> ``22.05.8``."""
-    m = re.search(r"\b(\d+\.\d+(?:\.\d+)?(?:-\w+)?)\b", text)
-    return m.group(1) if m else None
-
-
-def _pipe_records(
-    lines: Iterable[str], width: int, *, last_takes_rest: bool = True
-) -> Iterator[tuple[str, ...] | None]:
-    """The non-blank lines as ``width`` "|"-separated, stripped fields; None for a line
-    with fewer (or, unless the last field takes the rest of the line, more)."""
-    for line in lines:
-        if not line.strip():
-            continue
-        fields = line.split("|", width - 1) if last_takes_rest else line.split("|")
-        yield tuple(f.strip() for f in fields) if len(fields) == width else None
-
-
-def parse_sinfo_nodes(text: str) -> tuple[list[NodeRow], int]:
-    """Parse ``sinfo -h -N -O NodeList:|,PartitionName:|,...,Reason:``."""
-    rows: list[NodeRow] = []
-    bad = 0
-    for fields in _pipe_records(text.splitlines(), 10):
-        if fields is None:
-            bad += 1
-            continue
-        node, part, state, cpus, amem, mem, gres, gres_used, ts, reason = fields
-        cpu_parts = cpus.split("/")
-        if not node or len(cpu_parts) != 4:
-            bad += 1
-            continue
-        try:
-            c_alloc, c_idle, c_other, c_total = (int(c) for c in cpu_parts)
-            g_total = parse_gres(gres)
-            g_used = parse_gres(gres_used)
-        except ValueError:
-            bad += 1
-            continue
-        rows.append(
-            NodeRow(
-                node=node,
-                partition=part.rstrip("*"),
-                state=state.lower(),
-                cpu_alloc=c_alloc,
-                cpu_idle=c_idle,
-                cpu_other=c_other,
-                cpu_total=c_total,
-                mem_alloc=float(_int(amem)),
-                mem_total=float(_int(mem)),
-                gres=g_total,
-                gres_used=g_used,
-                reason_timestamp=parse_slurm_time(ts),
-                reason=None if reason in MISSING else reason,
-            )
-        )
-    return rows, bad
-
-
-def parse_squeue(text: str) -> tuple[list[QueueRow], int]:
-    """Parse ``squeue -h -a -r --states=all -o '%A|%i|%T|%P|%u|%a|%C|%D|%r'``.
-
-    Lines are split on ``\n`` only (squeue's separator), not on the other characters
-    ``str.splitlines`` knows, which a user's account string may contain.
-    """
-    rows: list[QueueRow] = []
-    bad = 0
-    for fields in _pipe_records(text.split("\n"), 9):
-        if fields is None:
-            bad += 1
-            continue
-        job_id, display, state, parts, user, account, cpus, nodes, reason = fields
-        if not job_id or not state or not cpus.isdigit():
-            bad += 1
-            continue
-        rows.append(
-            QueueRow(
-                job_id=job_id,
-                job_id_display=display,
-                state=state.upper(),
-                partitions=tuple(p for p in parts.split(",") if p) or ("",),
-                user=user,
-                account="" if account in MISSING else account,
-                cpus=int(cpus),
-                nodes=_int(nodes),
-                reason=reason,
-            )
-        )
-    return rows, bad
+from gpufleet_node.slurm_exporter.parsers.common import parse_gres
 
 
 def _user_name(value: str) -> str:
@@ -565,128 +380,3 @@ def verify_jobs(
                 continue
         kept.append(job)
     return kept, rejected
-
-
-_SDIAG_TOP = {
-    "Server thread count": "threads",
-    "Agent queue size": "queue_size",
-    "Agent count": "agent_count",
-    "Agent thread count": "agent_thread_count",
-    "DBD Agent queue size": "dbd_queue_size",
-    "Jobs submitted": "jobs_submitted",
-    "Jobs started": "jobs_started",
-    "Jobs completed": "jobs_completed",
-    "Jobs canceled": "jobs_canceled",
-    "Jobs failed": "jobs_failed",
-    "Jobs pending": "jobs_pending",
-    "Jobs running": "jobs_running",
-}
-_SDIAG_MAIN = {
-    "Last cycle": "last_cycle",
-    "Max cycle": "max_cycle",
-    "Total cycles": "total_cycles",
-    "Mean cycle": "mean_cycle",
-    "Mean depth cycle": "mean_depth_cycle",
-    "Cycles per minute": "cycle_per_minute",
-    "Last queue length": "last_queue_length",
-}
-_SDIAG_BACKFILL = {
-    "Total backfilled jobs (since last slurm start)": "backfilled_jobs_since_start",
-    "Total backfilled jobs (since last stats cycle start)": "backfilled_jobs_since_cycle",
-    "Total backfilled heterogeneous job components": "backfilled_heterogeneous",
-    "Total cycles": "backfill_total_cycles",
-    "Last cycle": "backfill_last_cycle",
-    "Max cycle": "backfill_max_cycle",
-    "Mean cycle": "backfill_mean_cycle",
-    "Last depth cycle": "backfill_last_depth_cycle",
-    "Depth Mean": "backfill_depth_mean",
-    "Last queue length": "backfill_last_queue_length",
-    "Queue length mean": "backfill_queue_length_mean",
-}
-# sdiag's section headings (lower case, as a line starts) and the section each opens.
-_SDIAG_SECTIONS = (
-    ("main schedule statistics", "main"),
-    ("backfilling stats", "backfill"),
-    ("remote procedure call statistics by message type", "rpc_type"),
-    ("remote procedure call statistics by user", "rpc_user"),
-    ("pending rpc statistics", "other"),
-    ("latency for", "other"),
-)
-_RPC_RE = re.compile(r"^\s*(\S+)\s*\(\s*(\d+)\)\s*count:(\d+)\s+ave_time:(\d+)\s+total_time:(\d+)")
-
-
-def parse_sdiag(text: str) -> tuple[Sdiag, int]:
-    """Parse plain ``sdiag`` (22.05 .. 25.x print the same ``Label: value`` lines)."""
-    out = Sdiag()
-    bad = 0
-    section = "top"
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("*"):
-            continue
-        low = line.lower()
-        heading = next((name for start, name in _SDIAG_SECTIONS if low.startswith(start)), None)
-        if heading is not None:
-            section = heading
-            continue
-        if section in ("rpc_type", "rpc_user"):
-            m = _RPC_RE.match(line)
-            if m:
-                target = out.rpc_by_type if section == "rpc_type" else out.rpc_by_user
-                target[m.group(1)] = (float(m.group(3)), float(m.group(4)), float(m.group(5)))
-            continue
-        if ":" not in line:
-            continue
-        label, _, value = line.partition(":")
-        table = {"top": _SDIAG_TOP, "main": _SDIAG_MAIN, "backfill": _SDIAG_BACKFILL}.get(
-            section, {}
-        )
-        key = table.get(label.strip())
-        if key is None:
-            continue
-        number = _float(value.split()[0]) if value.split() else None
-        if number is None:
-            bad += 1
-            continue
-        out.values[key] = number
-    return out, bad
-
-
-def parse_sshare(text: str) -> tuple[list[ShareRow], int]:
-    """Parse ``sshare -a -P -n -o Account,User,RawShares,NormShares,RawUsage,NormUsage,FairShare``.
-
-    Without slurmdbd (no associations) sshare prints nothing and exits 0.
-    """
-    rows: list[ShareRow] = []
-    bad = 0
-    for fields in _pipe_records(text.splitlines(), 7, last_takes_rest=False):
-        if fields is None:
-            bad += 1
-            continue
-        account, user = fields[0], fields[1]
-        if not account:
-            bad += 1
-            continue
-        rows.append(
-            ShareRow(
-                account=account,
-                user=user,
-                raw_shares=_float(fields[2]),  # "parent" -> None
-                norm_shares=_float(fields[3]),
-                raw_usage=_float(fields[4]),
-                norm_usage=_float(fields[5]),
-                fairshare=_float(fields[6]),
-            )
-        )
-    return rows, bad
-
-
-PARSERS: dict[str, Callable[[str], tuple[object, int]]] = {
-    "sinfo_version": lambda t: (parse_version(t), 0),
-    "sinfo_nodes": parse_sinfo_nodes,
-    "squeue": parse_squeue,
-    "scontrol_jobs": parse_scontrol_jobs,
-    "scontrol_jobs_json": parse_scontrol_jobs_json,
-    "sdiag": parse_sdiag,
-    "sshare": parse_sshare,
-}
