@@ -21,7 +21,6 @@ from render_role import ROOT, example_inventory, render, template_value
 filter_loader.add_directory(str(ROOT / "plugins" / "filter"))
 
 ROLE = "slurm_exporter"
-EXPORTER = ROOT / "roles" / ROLE / "files" / "gpufleet_slurm_exporter.py"
 HOST = "slurmctl01"
 PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 
@@ -37,7 +36,7 @@ def check(
     path = tmp_path / "checked.json"
     path.write_text(json.dumps(doc))
     return subprocess.run(
-        [sys.executable, str(EXPORTER), option, str(path)],
+        [sys.executable, "-m", "gpufleet_node.slurm_exporter", option, str(path)],
         capture_output=True,
         text=True,
         timeout=60,

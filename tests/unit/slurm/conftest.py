@@ -1,18 +1,25 @@
-"""Shared helpers for the Slurm exporter tests (the exporter is a single stdlib file)."""
+"""Shared helpers for the Slurm exporter tests (package gpufleet_node.slurm_exporter)."""
 
 from __future__ import annotations
 
-import importlib.util
+import atexit
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
+import types
 from pathlib import Path
 
 import pytest
 
+from gpufleet_node import build, commands, exposition, hostlist, webconfig
+from gpufleet_node.slurm_exporter import cli, collect, metrics, model, parsers, server, shards
+from gpufleet_node.slurm_exporter.parsers import common, jobs, sdiag, sinfo, squeue, sshare
+
 ROOT = Path(__file__).resolve().parents[3]
-EXPORTER = ROOT / "roles" / "slurm_exporter" / "files" / "gpufleet_slurm_exporter.py"
+ROLE_DIR = ROOT / "roles" / "slurm_exporter"
 FIXTURES = ROOT / "tests" / "fixtures" / "slurm"
 
 # fixture file name for each exporter command name
@@ -27,17 +34,48 @@ FILES = {
 # the Slurm binary each command runs
 BINARIES = {"sinfo", "squeue", "scontrol", "sdiag", "sshare"}
 
+# The exporter's modules, by concern; ``exp`` holds their public names together so a test
+# reads ``exp.parse_squeue`` whichever module defines it. Patch a name where it is defined
+# (e.g. ``shards.MAX_NODE_MAP_NODES``), not on ``exp``.
+MODULES = (
+    hostlist,
+    exposition,
+    commands,
+    webconfig,
+    model,
+    parsers,
+    common,
+    sinfo,
+    squeue,
+    jobs,
+    sdiag,
+    sshare,
+    metrics,
+    shards,
+    collect,
+    server,
+    cli,
+)
+exp = types.SimpleNamespace(
+    **{
+        name: value
+        for module in MODULES
+        for name, value in vars(module).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    }
+)
 
-def _load():
-    spec = importlib.util.spec_from_file_location("gpufleet_slurm_exporter", EXPORTER)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gpufleet_slurm_exporter"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+
+def _build_zipapp() -> Path:
+    """The zipapp the role ships, built once per test session: the tests run what nodes run."""
+    out = Path(tempfile.mkdtemp(prefix="gpufleet-zipapp-"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
+    path = out / "gpufleet-slurm-exporter.pyz"
+    build.write(path, build.archive("slurm_exporter"))
+    return path
 
 
-exp = _load()
+EXPORTER = _build_zipapp()
 
 
 @pytest.fixture
@@ -46,7 +84,7 @@ def ex():
 
 
 def run_exporter(*args: str) -> subprocess.CompletedProcess:
-    """The exporter's command line, as the role's unit and ``validate:`` run it."""
+    """The exporter's command line, as the role's unit and ``validate:`` run it (the zipapp)."""
     return subprocess.run(
         [sys.executable, str(EXPORTER), *args], capture_output=True, text=True, timeout=60
     )

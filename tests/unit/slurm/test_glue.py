@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXPORTER, FIXTURES, exp, metric_samples, write_fake_slurm
+from conftest import EXPORTER, FIXTURES, ROLE_DIR, exp, metric_samples, write_fake_slurm
 
 REAL = FIXTURES / "22.05"
 DOWN = FIXTURES / "22.05-ctld-down"
@@ -222,7 +222,7 @@ def test_env_pins_time_format():
 
 
 def test_the_role_unit_passes_only_flags_the_exporter_knows():
-    unit = (EXPORTER.parents[1] / "templates" / "gpufleet-slurm-exporter.service.j2").read_text()
+    unit = (ROLE_DIR / "templates" / "gpufleet-slurm-exporter.service.j2").read_text()
     flags = set(re.findall(r"(--[a-z][a-z-]+) ", unit))
     assert {"--job-source", "--max-gpu-index-series", "--web-max-connections"} <= flags
     usage = subprocess.run(
@@ -230,6 +230,6 @@ def test_the_role_unit_passes_only_flags_the_exporter_knows():
     ).stdout
     for flag in flags:
         assert flag in usage, flag
-    defaults = (EXPORTER.parents[1] / "defaults" / "main.yml").read_text()
+    defaults = (ROLE_DIR / "defaults" / "main.yml").read_text()
     for name in ("job_source", "max_gpu_index_series", "web_max_connections", "web_read_timeout"):
         assert f"slurm_exporter_{name}:" in defaults

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import exp, metric_samples, run_exporter, runner_for
+from conftest import exp, metric_samples, run_exporter, runner_for, shards
 from test_web import get
 
 # The 22.05 capture: nodes gpu02, gpu03 and vm; job 6 runs on gpu02 and vm.
@@ -76,13 +76,13 @@ def test_a_bad_node_map_is_refused(doc, why):
 
 
 def test_the_node_map_is_bounded(monkeypatch):
-    monkeypatch.setattr(exp, "MAX_NODE_MAP_NODES", 3)
+    monkeypatch.setattr(shards, "MAX_NODE_MAP_NODES", 3)
     with pytest.raises(exp.NodeMapError, match="more than 3 nodes"):
         exp.parse_node_map(json.dumps({"shards": {"0": ["a", "b"], "1": ["c", "d"]}}))
-    monkeypatch.setattr(exp, "MAX_NODE_MAP_SHARDS", 1)
+    monkeypatch.setattr(shards, "MAX_NODE_MAP_SHARDS", 1)
     with pytest.raises(exp.NodeMapError, match="more than 1 shards"):
         exp.parse_node_map(json.dumps({"shards": {"0": [], "1": []}}))
-    monkeypatch.setattr(exp, "MAX_NODE_MAP_BYTES", 10)
+    monkeypatch.setattr(shards, "MAX_NODE_MAP_BYTES", 10)
     with pytest.raises(exp.NodeMapError, match="larger than"):
         exp.parse_node_map(json.dumps(MAP))
 

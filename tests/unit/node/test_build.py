@@ -1,0 +1,99 @@
+"""The zipapp builder: reproducible bytes, only the package's sources, runnable."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpufleet_node import build
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _copy_package(dest: Path) -> Path:
+    pkg = dest / "gpufleet_node"
+    for rel in build.sources():
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes((build.PACKAGE.parent / rel).read_bytes())
+    return pkg
+
+
+def test_the_same_source_gives_the_same_bytes(tmp_path):
+    first = build.archive("slurm_exporter")
+    # A copy with other mtimes, a __pycache__ and a build.py: same bytes.
+    pkg = _copy_package(tmp_path / "a")
+    (pkg / "__pycache__").mkdir()
+    (pkg / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"junk")
+    assert (
+        hashlib.sha256(build.archive("slurm_exporter", pkg)).digest()
+        == hashlib.sha256(first).digest()
+    )
+
+
+def test_a_source_change_changes_the_bytes(tmp_path):
+    pkg = _copy_package(tmp_path / "b")
+    (pkg / "exposition.py").write_text((pkg / "exposition.py").read_text() + "\n# changed\n")
+    assert build.archive("slurm_exporter", pkg) != build.archive("slurm_exporter")
+
+
+def test_entries_are_sorted_fixed_and_without_bytecode():
+    data = build.archive("slurm_exporter")
+    assert data.startswith(b"#!/usr/bin/python3\n")
+    path_names = [p.as_posix() for p in build.sources()]
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        infos = zf.infolist()
+    names = [i.filename for i in infos]
+    assert names == ["__main__.py", *path_names]
+    assert path_names == sorted(path_names)
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+    assert "gpufleet_node/build.py" not in names
+    assert {i.date_time for i in infos} == {build.ZIP_TIME}
+    assert {i.compress_type for i in infos} == {zipfile.ZIP_STORED}
+
+
+def test_write_reports_change_only_once(tmp_path):
+    out = tmp_path / "x.pyz"
+    data = build.archive("slurm_exporter")
+    assert build.write(out, data) is True
+    assert build.write(out, data) is False
+    assert out.read_bytes() == data
+
+
+def test_the_zipapp_runs_without_the_source_tree(tmp_path):
+    out = tmp_path / "gpufleet-slurm-exporter.pyz"
+    assert build.main([str(out)]) == 0
+    res = subprocess.run(
+        [sys.executable, "-I", str(out), "--version"],  # -I: no PYTHONPATH, no site-packages
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert (res.returncode, res.stdout.strip()) == (0, "0.1.0"), res.stderr
+
+
+def test_unknown_app_is_refused():
+    with pytest.raises(ValueError):
+        build.archive("nope")
+
+
+def test_the_role_builds_and_runs_the_zipapp():
+    role = ROOT / "roles" / "slurm_exporter"
+    tasks = yaml.safe_load((role / "tasks" / "install.yml").read_text())
+    block = next(t for t in tasks if "block" in t)["block"]
+    build_task = next(t for t in block if "ansible.builtin.command" in t)
+    assert build_task["ansible.builtin.command"]["argv"][1:3] == ["-m", "gpufleet_node.build"]
+    for key, value in {"delegate_to": "localhost", "run_once": True, "check_mode": False}.items():
+        assert build_task[key] == value
+    assert yaml.safe_load((role / "vars" / "main.yml").read_text())[
+        "_slurm_exporter_zipapp_name"
+    ].endswith(".pyz")
+    assert not (role / "files" / "gpufleet_slurm_exporter.py").exists()  # not shipped twice
