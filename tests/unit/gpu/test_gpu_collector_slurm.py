@@ -13,56 +13,38 @@ from gpu_helpers import gc, values_of
 # hybrid-mode kernel (Debian 12 host); the Slurm paths are the shapes each Slurm
 # writes (shared/TESTBED.md "Slurm 24.11", shared/reference/gpu-metrics.md 6.5).
 
+
+def v1_cgroup(freezer: str, devices: str, memory: str, cpuset: str, cpuacct: str = "/") -> str:
+    """A hybrid-mode /proc/PID/cgroup: the test bed kernel's controllers, with Slurm's
+    paths in the five controllers Slurm's cgroup plugins place tasks in."""
+    return (
+        "28:perf_event:/\n"
+        "26:hugetlb:/\n"
+        "25:net_cls,net_prio:/\n"
+        "9:name=systemd:/system.slice/slurmd.service\n"
+        "8:pids:/system.slice/slurmd.service\n"
+        "7:blkio:/\n"
+        f"6:freezer:{freezer}\n"
+        f"5:devices:{devices}\n"
+        f"4:memory:{memory}\n"
+        f"3:cpuset:{cpuset}\n"
+        f"2:cpuacct:{cpuacct}\n"
+        "1:cpu:/\n"
+        "0::/system.slice/slurmd.service\n"
+    )
+
+
 # Slurm 22.05 (bookworm), cgroup v1, no cgroup namespace, proctrack+task/cgroup.
-V1_2205_BATCH = """\
-28:perf_event:/
-26:hugetlb:/
-25:net_cls,net_prio:/
-9:name=systemd:/system.slice/slurmd.service
-8:pids:/system.slice/slurmd.service
-7:blkio:/
-6:freezer:/slurm/uid_1000/job_12345/step_batch
-5:devices:/slurm/uid_1000/job_12345/step_batch/task_0
-4:memory:/slurm/uid_1000/job_12345/step_batch/task_0
-3:cpuset:/slurm/uid_1000/job_12345/step_batch
-2:cpuacct:/slurm/uid_1000/job_12345/step_batch/task_0
-1:cpu:/
-0::/system.slice/slurmd.service
-"""
+_2205 = "/slurm/uid_1000/job_12345/step_batch"
+V1_2205_BATCH = v1_cgroup(_2205, f"{_2205}/task_0", f"{_2205}/task_0", _2205, f"{_2205}/task_0")
 
 # Slurm 24.11 (trixie) in a test host with --cgroupns=private: the slurm_<node>
 # root, freezer at step level, memory at task level (verified on the test bed).
-V1_2411_BATCH = """\
-28:perf_event:/
-26:hugetlb:/
-25:net_cls,net_prio:/
-9:name=systemd:/system.slice/slurmd.service
-8:pids:/system.slice/slurmd.service
-7:blkio:/
-6:freezer:/slurm_gpu01/uid_1000/job_3/step_batch
-5:devices:/slurm_gpu01/uid_1000/job_3/step_batch
-4:memory:/slurm_gpu01/uid_1000/job_3/step_batch/task_0
-3:cpuset:/slurm_gpu01/uid_1000/job_3/step_batch
-2:cpuacct:/
-1:cpu:/
-0::/system.slice/slurmd.service
-"""
+_2411 = "/slurm_gpu01/uid_1000/job_3/step_batch"
+V1_2411_BATCH = v1_cgroup(_2411, _2411, f"{_2411}/task_0", _2411)
 # ... and an srun step of job 4 (task level in memory, step level in freezer).
-V1_2411_SRUN = """\
-28:perf_event:/
-26:hugetlb:/
-25:net_cls,net_prio:/
-9:name=systemd:/system.slice/slurmd.service
-8:pids:/system.slice/slurmd.service
-7:blkio:/
-6:freezer:/slurm_gpu01/uid_1000/job_4/step_0
-5:devices:/slurm_gpu01/uid_1000/job_4/step_0
-4:memory:/slurm_gpu01/uid_1000/job_4/step_0/task_0
-3:cpuset:/slurm_gpu01/uid_1000/job_4/step_0
-2:cpuacct:/
-1:cpu:/
-0::/system.slice/slurmd.service
-"""
+_2411_SRUN = "/slurm_gpu01/uid_1000/job_4/step_0"
+V1_2411_SRUN = v1_cgroup(_2411_SRUN, _2411_SRUN, f"{_2411_SRUN}/task_0", _2411_SRUN)
 
 # cgroup v2 (unified): one "0::" line.
 V2_STEP0 = "0::/system.slice/slurmstepd.scope/job_840392/step_0/user/task_0\n"
