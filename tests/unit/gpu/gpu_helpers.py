@@ -68,6 +68,11 @@ class FakeSmi:
         return subprocess.run([str(self.bin), *args], capture_output=True, text=True, timeout=30)
 
 
+def stateless_argv(smi: Path, textfile_dir: Path) -> list[str]:
+    """Collector arguments: this nvidia-smi, this textfile directory, no state directory."""
+    return ["--nvidia-smi", str(smi), "--textfile-dir", str(textfile_dir), "--state-dir", ""]
+
+
 def parse_prom(text: str) -> dict[tuple[str, frozenset], float]:
     """Exposition text -> {(name, frozenset(labels)): value}."""
     out = {}

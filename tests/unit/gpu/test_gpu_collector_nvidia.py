@@ -18,6 +18,7 @@ from gpu_helpers import (
     RTX4080,
     gc,
     names_of,
+    stateless_argv,
     values_of,
 )
 
@@ -68,30 +69,33 @@ def test_every_capture_parses_and_passes_promtool(capture, state, fake_smi, run_
 def test_h100_idle_exact_values(fake_smi, run_collector):
     text = run_collector()
     gpu = {"gpu": "0", "uuid": "GPU-00000000-0000-0000-0000-000000000000", "vendor": "nvidia"}
-    assert one(text, "node_gpu_memory_total_bytes", **gpu) == 81559 * MIB
-    assert one(text, "node_gpu_memory_used_bytes", **gpu) == 0
-    assert one(text, "node_gpu_memory_reserved_bytes", **gpu) == 479 * MIB
-    assert one(text, "node_gpu_utilization_percent", **gpu) == 0
-    assert one(text, "node_gpu_temperature_celsius", **gpu) == 41
-    assert one(text, "node_gpu_memory_temperature_celsius", **gpu) == 48
-    assert one(text, "node_gpu_temperature_tlimit_margin_celsius", **gpu) == 46
-    assert one(text, "node_gpu_power_draw_watts", **gpu) == 69.85
-    assert one(text, "node_gpu_power_limit_watts", **gpu) == 700
-    assert one(text, "node_gpu_sm_clock_hertz", **gpu) == 345e6
-    assert one(text, "node_gpu_sm_clock_max_hertz", **gpu) == 1980e6
-    assert one(text, "node_gpu_memory_clock_hertz", **gpu) == 2619e6
-    assert one(text, "node_gpu_pcie_link_generation", **gpu) == 5
-    assert one(text, "node_gpu_pcie_link_width_max_lanes", **gpu) == 16
-    assert one(text, "node_gpu_performance_state", **gpu) == 0
+    expected = {
+        "node_gpu_memory_total_bytes": 81559 * MIB,
+        "node_gpu_memory_used_bytes": 0,
+        "node_gpu_memory_reserved_bytes": 479 * MIB,
+        "node_gpu_utilization_percent": 0,
+        "node_gpu_temperature_celsius": 41,
+        "node_gpu_memory_temperature_celsius": 48,
+        "node_gpu_temperature_tlimit_margin_celsius": 46,
+        "node_gpu_power_draw_watts": 69.85,
+        "node_gpu_power_limit_watts": 700,
+        "node_gpu_sm_clock_hertz": 345e6,
+        "node_gpu_sm_clock_max_hertz": 1980e6,
+        "node_gpu_memory_clock_hertz": 2619e6,
+        "node_gpu_pcie_link_generation": 5,
+        "node_gpu_pcie_link_width_max_lanes": 16,
+        "node_gpu_performance_state": 0,
+        "node_gpu_ecc_mode_enabled": 1,
+        "node_gpu_remapped_rows_pending": 0,
+        "node_gpu_recovery_action": 0,
+        "node_gpu_mig_mode_enabled": 0,
+        "node_gpu_compute_processes": 0,
+    }
+    assert {name: one(text, name, **gpu) for name in expected} == expected
     assert one(text, "node_gpu_clock_event_reason_active", reason="gpu_idle") == 1
     assert one(text, "node_gpu_clock_event_reason_active", reason="sw_power_cap") == 0
-    assert one(text, "node_gpu_ecc_mode_enabled", **gpu) == 1
     assert one(text, "node_gpu_ecc_uncorrected_errors_total", scope="aggregate") == 0
     assert one(text, "node_gpu_remapped_rows", cause="uncorrectable") == 0
-    assert one(text, "node_gpu_remapped_rows_pending", **gpu) == 0
-    assert one(text, "node_gpu_recovery_action", **gpu) == 0
-    assert one(text, "node_gpu_mig_mode_enabled", **gpu) == 0
-    assert one(text, "node_gpu_compute_processes", **gpu) == 0
     info = 'node_gpu_info{gpu="0",uuid="GPU-00000000-0000-0000-0000-000000000000",vendor="nvidia",'
     assert (
         info + 'driver_version="590.48.01",model="NVIDIA H100 80GB HBM3",'
@@ -325,20 +329,9 @@ def test_output_name_must_be_a_prom_file():
 def test_cli_once_as_a_subprocess(fake_smi, tmp_path):
     out = tmp_path / "tf"
     out.mkdir()
+    argv = ["python3", str(gc.__file__), "--once", *stateless_argv(fake_smi.bin, out)]
     result = subprocess.run(
-        [
-            "python3",
-            str(gc.__file__),
-            "--once",
-            "--nvidia-smi",
-            str(fake_smi.bin),
-            "--textfile-dir",
-            str(out),
-            "--state-dir",
-            "",
-            "--output-name",
-            "gpu.prom",
-        ],
+        [*argv, "--output-name", "gpu.prom"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -351,8 +344,7 @@ def test_cli_once_as_a_subprocess(fake_smi, tmp_path):
 def test_loop_mode_runs_cycles_until_sigterm(fake_smi, tmp_path):
     out = tmp_path / "tf"
     out.mkdir()
-    argv = ["python3", str(gc.__file__), "--nvidia-smi", str(fake_smi.bin)]
-    argv += ["--textfile-dir", str(out), "--state-dir", "", "--interval", "0.2"]
+    argv = ["python3", str(gc.__file__), *stateless_argv(fake_smi.bin, out), "--interval", "0.2"]
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 20

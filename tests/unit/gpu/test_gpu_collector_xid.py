@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from gpu_helpers import gc, values_of
+from gpu_helpers import gc, stateless_argv, values_of
 
 LINES = [
     "NVRM: Xid (PCI:0000:05:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
@@ -173,18 +173,7 @@ def test_loop_mode_without_state_dir_counts_each_line_once(fake_smi, tmp_path):
     log.write_text("NVRM: Xid (PCI:0000:00:09): 94, pid=1, Contained\n")
     out = tmp_path / "tf"
     out.mkdir()
-    args = gc.parse_args(
-        [
-            "--nvidia-smi",
-            str(fake_smi.bin),
-            "--textfile-dir",
-            str(out),
-            "--state-dir",
-            "",
-            "--xid-source",
-            str(log),
-        ]
-    )
+    args = gc.parse_args([*stateless_argv(fake_smi.bin, out), "--xid-source", str(log)])
     collector = gc.Collector(args)
     assert collector.cycle() and collector.cycle()
     text = (out / "gpufleet_gpu.prom").read_text()
