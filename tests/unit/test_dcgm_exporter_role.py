@@ -295,6 +295,20 @@ def ansible_env(tmp: Path) -> dict[str, str]:
     return env
 
 
+def ansible_playbook(tmp: Path, *args: str, timeout: int = 600) -> tuple[int, str]:
+    """ansible-playbook ARGS from the repository, with its Ansible home under tmp:
+    the exit status and the output (stdout, then stderr)."""
+    run = subprocess.run(
+        [str(ANSIBLE_PLAYBOOK), *args],
+        cwd=REPO,
+        env=ansible_env(tmp),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return run.returncode, run.stdout + run.stderr
+
+
 def write_inventory(path: Path, hosts: dict[str, dict]) -> Path:
     inventory = {
         "all": {
@@ -326,24 +340,8 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict]
     playbook = tmp / "render.yml"
     playbook.write_text(RENDER_PLAYBOOK)
     out = tmp / "out"
-    run = subprocess.run(
-        [
-            str(ANSIBLE_PLAYBOOK),
-            "-i",
-            str(inventory),
-            str(playbook),
-            "-e",
-            f"out={out}",
-            "-e",
-            f"templates={ROLE / 'templates'}",
-        ],
-        cwd=REPO,
-        env=ansible_env(tmp),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    output = run.stdout + run.stderr
+    extra_vars = ["-e", f"out={out}", "-e", f"templates={ROLE / 'templates'}"]
+    _, output = ansible_playbook(tmp, "-i", str(inventory), str(playbook), *extra_vars)
     return out, output, recap(output)
 
 
@@ -635,15 +633,7 @@ def test_controller_keeps_only_the_pinned_key_once_per_url(signing_keys, tmp_pat
     playbook.write_text(KEY_PLAYBOOK)
 
     def play(inventory: Path = inventory) -> tuple[int, str]:
-        run = subprocess.run(
-            [str(ANSIBLE_PLAYBOOK), "-i", str(inventory), str(playbook)],
-            cwd=REPO,
-            env=ansible_env(tmp_path),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        return run.returncode, run.stdout + run.stderr
+        return ansible_playbook(tmp_path, "-i", str(inventory), str(playbook), timeout=300)
 
     rc, output = play()
     assert rc == 0, output[-6000:]
@@ -918,15 +908,10 @@ def test_playbook_using_the_role_passes_syntax_check(tmp_path: Path) -> None:
             """
         )
     )
-    run = subprocess.run(
-        [str(ANSIBLE_PLAYBOOK), "--syntax-check", "-i", "localhost,", str(playbook)],
-        cwd=REPO,
-        env=ansible_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    rc, output = ansible_playbook(
+        tmp_path, "--syntax-check", "-i", "localhost,", str(playbook), timeout=300
     )
-    assert run.returncode == 0, run.stdout + run.stderr
+    assert rc == 0, output
 
 
 def test_whole_role_runs_in_check_mode(tmp_path: Path) -> None:
@@ -946,16 +931,8 @@ def test_whole_role_runs_in_check_mode(tmp_path: Path) -> None:
     )
     playbook = tmp_path / "check.yml"
     playbook.write_text("- name: Whole role\n  hosts: all\n  roles:\n    - role: dcgm_exporter\n")
-    run = subprocess.run(
-        [str(ANSIBLE_PLAYBOOK), "--check", "-i", str(inventory), str(playbook)],
-        cwd=REPO,
-        env=ansible_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    output = run.stdout + run.stderr
-    assert run.returncode == 0, output[-6000:]
+    rc, output = ansible_playbook(tmp_path, "--check", "-i", str(inventory), str(playbook))
+    assert rc == 0, output[-6000:]
     assert "Validating arguments against arg spec" in output
     assert recap(output)["check_mode_host"]["failed"] == 0
     assert not (tmp_path / "slurm").exists(), "check mode changed the host"
