@@ -433,6 +433,17 @@ def test_zip_binary_is_installed_under_the_callers_name(tmp_path: Path) -> None:
     rc, output = play(tmp_path, release)
     assert rc == 0 and recap(output)["changed"] == 0, output[-4000:]
 
+    # A tampered zip, the cache directory already there: refused, and nothing at all
+    # changed (no unpack directory is made before the download is verified).
+    zipped(served / f"loki-linux-{ARCH}.zip", {f"loki-linux-{ARCH}": script("tampered")})
+    prepared = tmp_path / "c3" / "loki" / pin
+    prepared.mkdir(parents=True)
+    prepared.chmod(0o755)
+    rc, output = play(tmp_path, {**release, "download_dir": str(tmp_path / "c3")})
+    assert rc != 0 and recap(output)["changed"] == 0, output[-4000:]
+    assert (tmp_path / "bin" / "loki").read_bytes() == script("loki")
+    assert list(prepared.iterdir()) == []
+
     # A pin for another architecture only: refused before anything is fetched.
     rc, output = play(
         tmp_path,
