@@ -175,11 +175,11 @@ def assert_download_refused(result, host) -> None:
 
 
 def test_wrong_loki_checksum_fails_clearly_and_changes_nothing(host, tmp_path):
-    version = built()["loki"]["version"]
-    # An empty download cache that the role finds as it wants it: a clean failure then
-    # reports changed=0, controller side included.
-    cache = tmp_path / f"loki-{version}"
-    cache.mkdir()
+    # An empty download cache that the role finds as it wants it (upstream_release keeps
+    # each artifact under its pinned sha256): a clean failure then reports changed=0,
+    # controller side included.
+    cache = tmp_path / "loki" / built()["loki"]["sha256"]
+    cache.mkdir(parents=True)
     cache.chmod(0o755)
     binary = host.file(LOKI_BINARY).sha256sum
     config = host.file("/etc/loki/loki.yml").sha256sum
@@ -204,15 +204,16 @@ def test_wrong_alloy_checksum_fails_clearly_and_changes_nothing(host, tmp_path):
     binary = host.file(ALLOY_BINARY).sha256sum
     pid = main_pid(host, "alloy")
     cache = tmp_path / "downloads"
-    cache.mkdir()
-    cache.chmod(0o755)
+    artifact = cache / "alloy" / alloy["sha256"]
+    artifact.mkdir(parents=True)
+    artifact.chmod(0o755)
     result = converge(
         f"alloy_download_base_url={MIRROR}/tampered/grafana/alloy/releases/download",
         f"alloy_download_dir={cache}",
         tags="alloy",
     )
     assert_download_refused(result, host)
-    assert not (cache / package).exists(), "the wrong file was kept"
+    assert not (artifact / package).exists(), "the wrong file was kept"
     assert host.check_output("dpkg-query -W -f '${Version} ${Status}' alloy") == status
     assert host.file(f"/var/cache/gpufleet/{package}").sha256sum == cached
     assert host.file(ALLOY_BINARY).sha256sum == binary

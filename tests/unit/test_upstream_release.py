@@ -1,0 +1,454 @@
+"""upstream_release: the one download-and-verify of gpufleet.
+
+Rendered: the architecture map, the pin keys, the URLs and the cache of each artifact
+kind. Run for real (ansible-playbook on this machine, artifacts served from file://
+URLs): a tarball and a zip installed and reinstalled without change, check mode, and a
+tampered artifact refused with the installed binary left in place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+from render_role import ROLES, evaluate, template_value
+
+REPO = ROLES.parent
+ROLE = ROLES / "upstream_release"
+ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
+PIN = "a" * 64
+
+
+def tasks(role: str, name: str) -> list[dict]:
+    return yaml.safe_load((ROLES / role / "tasks" / name).read_text())
+
+
+def task_named(items: list[dict], name: str) -> dict:
+    for task in items:
+        for candidate in [task, *task.get("block", []), *task.get("rescue", [])]:
+            if candidate.get("name") == name:
+                return candidate
+    raise AssertionError(f"no task {name!r}")
+
+
+def value(expression: str, arch: str = "x86_64", family: str = "Debian", **overrides):
+    variables = {
+        "ansible_facts": {"architecture": arch, "os_family": family},
+        "upstream_release_download_dir": "/cache",  # its default needs a lookup
+        **overrides,
+    }
+    return evaluate("upstream_release", expression, "localhost", variables)
+
+
+# --- rendered -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("machine", "upstream"),
+    [("x86_64", "amd64"), ("aarch64", "arm64"), ("armv7l", "armv7"), ("ppc64le", "ppc64le")],
+)
+def test_architecture_map_gives_the_upstream_spelling(machine: str, upstream: str) -> None:
+    assert value("_upstream_release_arch", machine) == upstream
+
+
+def test_unmapped_architecture_is_refused_in_one_line() -> None:
+    check = task_named(
+        tasks("upstream_release", "main.yml"),
+        "Check that the host's architecture has an upstream name",
+    )
+    assert value(check["ansible.builtin.assert"]["that"], "riscv64") is False
+    assert value(check["ansible.builtin.assert"]["that"], "x86_64") is True
+    message = template_value(
+        "upstream_release",
+        check["ansible.builtin.assert"]["fail_msg"],
+        "localhost",
+        {"ansible_facts": {"architecture": "riscv64"}, "upstream_release_name": "loki"},
+    ).strip()
+    assert "\n" not in message
+    assert message.startswith("loki: no upstream architecture for riscv64 ")
+    assert "x86_64, aarch64" in message
+
+
+def test_no_role_keeps_an_architecture_map_of_its_own() -> None:
+    maps = {
+        path.relative_to(ROLES).as_posix()
+        for path in ROLES.glob("*/vars/main.yml")
+        for name in yaml.safe_load(path.read_text()) or {}
+        if re.search(r"_arch_map$", name)
+    }
+    # dcgm_exporter's map spells NVIDIA's repository paths (x86_64, sbsa), not artifacts.
+    assert maps == {"upstream_release/vars/main.yml", "dcgm_exporter/vars/main.yml"}
+
+
+@pytest.mark.parametrize(
+    ("kind", "arch", "key"),
+    [
+        ("tar.gz", "x86_64", "amd64"),
+        ("zip", "aarch64", "arm64"),
+        ("deb", "x86_64", "deb-amd64"),
+        ("rpm", "aarch64", "rpm-arm64"),
+    ],
+)
+def test_archives_are_pinned_per_arch_and_packages_per_kind_and_arch(kind, arch, key) -> None:
+    pins = {"2.0.0": {key: PIN.upper()}, "1.0.0": {key: "b" * 64}}
+    found = value(
+        "_upstream_release_pin",
+        arch,
+        upstream_release_kind=kind,
+        upstream_release_version="2.0.0",
+        upstream_release_sha256=pins,
+    )
+    assert found == PIN
+    other = {"2.0.0": {"amd64" if key != "amd64" else "arm64": PIN}}
+    assert (
+        value(
+            "_upstream_release_pin",
+            arch,
+            upstream_release_kind=kind,
+            upstream_release_version="2.0.0",
+            upstream_release_sha256=other,
+        )
+        == ""
+    )
+
+
+def test_default_url_is_the_prometheus_layout_under_the_mirror() -> None:
+    common = {
+        "upstream_release_name": "node_exporter",
+        "upstream_release_project": "prometheus/node_exporter",
+        "upstream_release_version": "1.9.1",
+    }
+    assert value("_upstream_release_url", "aarch64", **common) == (
+        "https://github.com/prometheus/node_exporter/releases/download/v1.9.1/node_exporter-1.9.1.linux-arm64.tar.gz"
+    )
+    mirrored = value(
+        "_upstream_release_url", "x86_64", gpufleet_mirror_url="https://mirror.example/gh", **common
+    )
+    assert mirrored == (
+        "https://mirror.example/gh/prometheus/node_exporter/releases/download/v1.9.1/node_exporter-1.9.1.linux-amd64.tar.gz"
+    )
+    assert (
+        value("_upstream_release_top_dir", "x86_64", **common) == "node_exporter-1.9.1.linux-amd64/"
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "url", "file", "unpacked"),
+    [
+        (
+            "zip",
+            "https://m/grafana/loki/releases/download/v3.7.8/loki-linux-{arch}.zip",
+            "loki-linux-arm64.zip",
+            "unpacked/",
+        ),
+        (
+            "deb",
+            "https://m/alloy/v1.18.1/alloy-1.18.1-1.{arch}.deb",
+            "alloy-1.18.1-1.arm64.deb",
+            "unpacked/",
+        ),
+        (
+            "rpm",
+            "https://m/pool/grafana-13.0.4-1.x86_64.rpm?x=1",
+            "grafana-13.0.4-1.x86_64.rpm",
+            "unpacked/",
+        ),
+    ],
+)
+def test_artifact_is_cached_under_its_checksum(kind, url, file, unpacked) -> None:
+    artifact = value(
+        "_upstream_release_artifact",
+        "aarch64",
+        upstream_release_name="r",
+        upstream_release_kind=kind,
+        upstream_release_url=url,
+        upstream_release_version="1",
+        upstream_release_sha256={"1": {"arm64" if kind == "zip" else f"{kind}-arm64": PIN}},
+    )
+    assert artifact["url"] == url.replace("{arch}", "arm64")
+    assert artifact["sha256"] == PIN
+    # Another build of the same version (another checksum) never finds this one's files.
+    assert artifact["cache"] == f"/cache/r/{PIN}"
+    assert artifact["file"] == f"/cache/r/{PIN}/{file}"
+    assert artifact["unpacked"] == f"/cache/r/{PIN}/{unpacked}"
+
+
+def test_missing_pin_message_names_the_variable_and_the_key() -> None:
+    check = task_named(
+        tasks("upstream_release", "main.yml"),
+        "Check that a checksum is pinned for this version and architecture",
+    )
+    variables = {
+        "ansible_facts": {"architecture": "aarch64"},
+        "upstream_release_download_dir": "/cache",
+        "upstream_release_name": "alloy",
+        "upstream_release_kind": "deb",
+        "upstream_release_version": "1.18.1",
+        "upstream_release_url": "https://m/alloy-1.18.1-1.{arch}.deb",
+        "upstream_release_sha256": {"1.18.1": {"deb-amd64": PIN}},
+        "upstream_release_sha256_variable": "alloy_package_sha256",
+    }
+    that = check["ansible.builtin.assert"]["that"]
+    assert (
+        evaluate("upstream_release", " and ".join(f"({t})" for t in that), "localhost", variables)
+        is False
+    )
+    message = " ".join(
+        template_value(
+            "upstream_release", check["ansible.builtin.assert"]["fail_msg"], "localhost", variables
+        ).split()
+    )
+    pin = '{"1.18.1": {"deb-arm64": "<sha256 of alloy-1.18.1-1.arm64.deb>"}}'
+    assert f"checksum file, to alloy_package_sha256 as {pin}" in message
+
+
+def test_upstream_release_is_the_only_download_and_verify() -> None:
+    downloads = {
+        path.relative_to(ROLES).as_posix()
+        for path in ROLES.glob("*/tasks/*.yml")
+        if re.search(r"\b(get_url|checksum):", path.read_text())
+    }
+    # dcgm_exporter fetches NVIDIA's repository key (pinned by fingerprint) itself.
+    assert downloads == {
+        "upstream_release/tasks/main.yml",
+        "upstream_release/tasks/repository_key.yml",
+        "dcgm_exporter/tasks/repository_key.yml",
+    }
+
+
+@pytest.mark.parametrize(
+    ("role", "file", "tags", "entry"),
+    [
+        ("loki", "install.yml", ["loki", "loki_install"], None),
+        ("alloy", "install.yml", ["alloy", "alloy_install"], None),
+        ("grafana", "install_package.yml", ["grafana", "grafana_install"], None),
+        ("grafana", "install_repository.yml", ["grafana", "grafana_install"], "repository_key"),
+    ],
+)
+def test_callers_include_upstream_release_with_their_tags(role, file, tags, entry) -> None:
+    (call,) = [t for t in tasks(role, file) if "ansible.builtin.include_role" in t]
+    include = call["ansible.builtin.include_role"]
+    assert include["name"] == "upstream_release"
+    assert include.get("tasks_from") == entry
+    # Without apply, a --tags run of the role would skip every included task.
+    assert include["apply"]["tags"] == tags
+
+
+def test_package_install_waits_for_the_verified_copy_and_is_check_mode_safe() -> None:
+    main = tasks("upstream_release", "main.yml")
+    names = [t["name"] for t in main]
+    assert names.index("Download and verify the artifacts on the controller") < names.index(
+        "Install the package"
+    )
+    block = task_named(main, "Install the package")["block"]
+    for task, module in ((block[2], "ansible.builtin.apt"), (block[3], "ansible.builtin.dnf")):
+        assert module in task
+        assert "__upstream_release_package_file.dest" in str(task[module])
+        assert (
+            "not (ansible_check_mode and __upstream_release_package_file is changed)"
+            in task["when"]
+        )
+    controller = task_named(main, "Download and verify the artifacts on the controller")
+    assert (controller["run_once"], controller["delegate_to"], controller["check_mode"]) == (
+        True,
+        "localhost",
+        False,
+    )
+    download = task_named(main, "Download the artifacts")["ansible.builtin.get_url"]
+    assert download["checksum"] == "sha256:{{ item.sha256 }}"
+
+
+# --- run for real -------------------------------------------------------------------
+
+PLAYBOOK = """
+- name: Install a release as a calling role does
+  hosts: all
+  gather_facts: true
+  gather_subset: [min]
+  tasks:
+    - name: Install
+      ansible.builtin.include_role:
+        name: upstream_release
+      vars:
+        upstream_release_name: "{{ release.name }}"
+        upstream_release_version: "{{ release.version }}"
+        upstream_release_kind: "{{ release.kind }}"
+        upstream_release_url: "{{ release.url }}"
+        upstream_release_sha256: "{{ release.sha256 }}"
+        upstream_release_binaries: "{{ release.binaries }}"
+        upstream_release_install_dir: "{{ release.install_dir }}"
+        upstream_release_download_dir: "{{ release.download_dir }}"
+"""
+
+ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, "")
+
+
+def script(text: str) -> bytes:
+    return f"#!/bin/sh\necho {text}\n".encode()
+
+
+def tarball(path: Path, top: str, files: dict[str, bytes]) -> str:
+    with tarfile.open(path, "w:gz") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(f"{top}/{name}")
+            info.size, info.mode, info.uid, info.gid = len(data), 0o755, 1234, 1234
+            archive.addfile(info, io.BytesIO(data))
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def zipped(path: Path, files: dict[str, bytes]) -> str:
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def recap(output: str) -> dict[str, int]:
+    match = re.search(r"^localhost\s+:\s+(ok=.*)$", output, re.MULTILINE)
+    assert match, output[-3000:]
+    return {key: int(count) for key, count in (item.split("=") for item in match.group(1).split())}
+
+
+def play(tmp: Path, release: dict, *args: str) -> tuple[int, str]:
+    playbook = tmp / "play.yml"
+    playbook.write_text(PLAYBOOK)
+    extra = tmp / "release.yml"
+    extra.write_text(yaml.safe_dump({"release": release}))
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_CACHE_PLUGIN": "memory",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_LOCAL_TEMP": str(tmp / "ansible-tmp"),
+        "ANSIBLE_HOME": str(tmp / "ansible-home"),
+        "ANSIBLE_DEPRECATION_WARNINGS": "0",
+    }
+    run = subprocess.run(
+        [
+            str(ANSIBLE_PLAYBOOK),
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "-e",
+            f"ansible_python_interpreter={sys.executable}",
+            "-e",
+            f"@{extra}",
+            str(playbook),
+            *args,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return run.returncode, run.stdout + run.stderr
+
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or not ARCH, reason="installs root-owned files; amd64 or arm64 only"
+)
+
+
+@needs_root
+def test_tarball_installs_once_and_a_tampered_one_leaves_the_old_binary(tmp_path: Path) -> None:
+    served = tmp_path / "served"
+    served.mkdir()
+    top = f"node_exporter-1.0.0.linux-{ARCH}"
+    genuine = tarball(
+        served / f"{top}.tar.gz", top, {"node_exporter": script("genuine"), "LICENSE": b"x"}
+    )
+    installed = tmp_path / "bin" / "node_exporter"
+    release = {
+        "name": "node_exporter",
+        "version": "1.0.0",
+        "kind": "tar.gz",
+        "url": f"file://{served}/node_exporter-1.0.0.linux-{{arch}}.tar.gz",
+        "sha256": {"1.0.0": {ARCH: genuine}},
+        "binaries": ["node_exporter-1.0.0.linux-{arch}/node_exporter"],
+        "install_dir": str(installed.parent),
+        "download_dir": str(tmp_path / "cache"),
+    }
+    installed.parent.mkdir()
+
+    # Check mode on a fresh host: reported, nothing installed.
+    rc, output = play(tmp_path, release, "--check")
+    assert rc == 0, output[-4000:]
+    assert recap(output)["changed"] > 0 and not installed.exists()
+
+    rc, output = play(tmp_path, release)
+    assert rc == 0, output[-4000:]
+    assert installed.read_bytes() == script("genuine")
+    assert installed.stat().st_mode & 0o777 == 0o755
+    assert not (installed.parent / "LICENSE").exists(), "only the named binaries"
+
+    rc, output = play(tmp_path, release)
+    assert rc == 0, output[-4000:]
+    assert recap(output)["changed"] == 0, output[-4000:]
+
+    # The mirror now serves another file under the pinned name: refused on the
+    # controller, the binary of the last good run stays, and the file is not kept.
+    tarball(served / f"{top}.tar.gz", top, {"node_exporter": script("tampered")})
+    tampered = {**release, "download_dir": str(tmp_path / "fresh-cache")}
+    rc, output = play(tmp_path, tampered)
+    flat = " ".join(output.split())
+    assert rc != 0
+    assert "node_exporter 1.0.0 could not be fetched and verified" in flat
+    assert "checksum" in flat.lower() and "nothing was installed" in flat
+    assert installed.read_bytes() == script("genuine")
+    assert not list((tmp_path / "fresh-cache").rglob("*.tar.gz")), "a refused file was kept"
+    assert recap(output)["changed"] == 1, "only the empty cache directory was created"
+
+
+@needs_root
+def test_zip_binary_is_installed_under_the_callers_name(tmp_path: Path) -> None:
+    served = tmp_path / "served"
+    served.mkdir()
+    pin = zipped(served / f"loki-linux-{ARCH}.zip", {f"loki-linux-{ARCH}": script("loki")})
+    release = {
+        "name": "loki",
+        "version": "3.7.8",
+        "kind": "zip",
+        "url": f"file://{served}/loki-linux-{{arch}}.zip",
+        "sha256": {"3.7.8": {ARCH: pin}},
+        "binaries": [{"src": "loki-linux-{arch}", "dest": "loki"}],
+        "install_dir": str(tmp_path / "bin"),
+        "download_dir": str(tmp_path / "cache"),
+    }
+    (tmp_path / "bin").mkdir()
+    rc, output = play(tmp_path, release)
+    assert rc == 0, output[-4000:]
+    assert (tmp_path / "bin" / "loki").read_bytes() == script("loki")
+    assert (tmp_path / "cache" / "loki" / pin / f"loki-linux-{ARCH}.zip").exists()
+    rc, output = play(tmp_path, release)
+    assert rc == 0 and recap(output)["changed"] == 0, output[-4000:]
+
+    # A tampered zip, the cache directory already there: refused, and nothing at all
+    # changed (no unpack directory is made before the download is verified).
+    zipped(served / f"loki-linux-{ARCH}.zip", {f"loki-linux-{ARCH}": script("tampered")})
+    prepared = tmp_path / "c3" / "loki" / pin
+    prepared.mkdir(parents=True)
+    prepared.chmod(0o755)
+    rc, output = play(tmp_path, {**release, "download_dir": str(tmp_path / "c3")})
+    assert rc != 0 and recap(output)["changed"] == 0, output[-4000:]
+    assert (tmp_path / "bin" / "loki").read_bytes() == script("loki")
+    assert list(prepared.iterdir()) == []
+
+    # A pin for another architecture only: refused before anything is fetched.
+    rc, output = play(
+        tmp_path,
+        {**release, "sha256": {"3.7.8": {"s390x": pin}}, "download_dir": str(tmp_path / "c2")},
+    )
+    flat = " ".join(output.split())
+    assert rc != 0 and f"No sha256 is pinned for loki 3.7.8 (zip, {ARCH})" in flat
+    assert not (tmp_path / "c2").exists()
