@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from gpu_helpers import FakeSmi, gc
 
@@ -44,3 +46,10 @@ def run_collector(tmp_path, fake_smi):
     run.textfile_dir = textfile_dir
     run.state_dir = state_dir
     return run
+
+
+@pytest.fixture(autouse=True)
+def _restore_locale(monkeypatch: pytest.MonkeyPatch) -> None:
+    """main() sets LC_ALL=C for its vendor tools, in this process when a test calls it:
+    undone after each test, so later tests' Ansible keeps its UTF-8 locale."""
+    monkeypatch.setenv("LC_ALL", os.environ.get("LC_ALL", "C"))
