@@ -100,7 +100,9 @@ def run_command(
     except OSError as exc:
         LOG.warning("cannot run %s: %s", argv[0], exc)
         return CommandResult("", time.monotonic() - start, "exec_error")
-    with proc:
+    # Not `with proc`: its exit waits without a bound, and a killed process stuck in the
+    # kernel (a hung NFS mount) outlives SIGKILL; the cycle must not wait for it.
+    try:
         out, err, error = _read_bounded(proc, start + timeout, max_output)
         if error is not None:
             _kill_group(proc)
@@ -112,6 +114,10 @@ def run_command(
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=_REAP_WAIT)
             error = error or "timeout"
+    finally:
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
     duration = time.monotonic() - start
     stderr = err.decode("utf-8", "replace").strip()
     what = " ".join(argv[:3])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 
@@ -89,3 +90,22 @@ def test_env_is_passed():
 
 def test_error_names_are_the_documented_set():
     assert ERRORS == ("timeout", "not_found", "exit_code", "exec_error", "output_limit")
+
+
+def test_a_process_that_outlives_sigkill_is_not_waited_for(monkeypatch):
+    """A command stuck in the kernel (a hung NFS mount) survives SIGKILL: every wait on it
+    times out. run_command must still return, never waiting without a bound."""
+    waits: list[float | None] = []
+
+    def stuck_wait(self, timeout=None):
+        waits.append(timeout)
+        if timeout is None:
+            raise AssertionError("an unbounded wait on a process that cannot die")
+        raise subprocess.TimeoutExpired(self.args, timeout)
+
+    monkeypatch.setattr(subprocess.Popen, "wait", stuck_wait)
+    started = time.monotonic()
+    result = run_command(["sleep", "30"], timeout=0.3)
+    assert result.error == "timeout"
+    assert None not in waits and len(waits) >= 1
+    assert time.monotonic() - started < 10
