@@ -136,7 +136,7 @@ def test_targets_follow_each_entrys_group_and_port() -> None:
     # A shard scrapes the sharded exporters of its own hosts, every host of the others.
     shard = targets(SHARD)
     own = set(groups["prometheus_shard_0"])
-    assert set(addresses(shard["ipmi"])) == own & set(groups["compute_nodes"])
+    assert set(addresses(shard["ipmi"])) == own & set(groups["ipmi_exporter"])
     assert set(addresses(shard["slurm"])) == set(groups["slurm_controller"])
 
 
