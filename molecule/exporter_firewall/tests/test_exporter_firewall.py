@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from functools import cache
 from pathlib import Path
 
@@ -245,13 +244,13 @@ with open("/tmp/keepalive.out", "w", buffering=1) as out:
 
 
 def wait_for_line(source, path: str, prefix: str, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in source.run(f"cat {path}").stdout.splitlines():
-            if line.startswith(prefix):
-                return line
-        time.sleep(0.5)
-    raise AssertionError(f"no {prefix!r} line in {path}")
+    def line() -> str | None:
+        lines = source.run(f"cat {path}").stdout.splitlines()
+        return next((text for text in lines if text.startswith(prefix)), None)
+
+    found = eventually(line, timeout, interval=0.5)
+    assert found, f"no {prefix!r} line in {path}"
+    return found
 
 
 def test_config_change_reloads_and_keeps_established_connections():
@@ -320,15 +319,15 @@ def test_rules_survive_a_reboot():
     restart_host(EXPORTER)
     # The restarted container comes back with a new MAC address: the peers' neighbour
     # caches need a few seconds, and until then every port looks dropped.
-    for _ in range(30):
-        if (
+    eventually(
+        lambda: (
             EXPORTER.service("node_exporter").is_running
             and table_loaded()
             and reaches_ssh(PROM)
             and reaches_ssh(OTHER)
-        ):
-            break
-        time.sleep(1)
+        ),
+        30,
+    )
     assert table_loaded()
     assert EXPORTER.service(UNIT).is_enabled
     assert reaches_ssh(OTHER), "fw-other cannot reach fw-exporter at all after the reboot"

@@ -12,14 +12,13 @@ from __future__ import annotations
 import base64
 import json
 import os
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import yaml
-from testbed_helpers import converge
+from testbed_helpers import converge, eventually
 
 testinfra_hosts = ["all"]
 EPHEMERAL = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"])
@@ -67,14 +66,14 @@ def api(path: str, auth: tuple[str, str] | None = ADMIN, org: int | None = None)
 
 def wait_healthy(seconds: int = 30) -> None:
     """Wait (bounded) until Grafana answers /api/health again after a restart."""
-    for _ in range(seconds):
+
+    def healthy() -> bool:
         try:
-            if api("/api/health", auth=None)[0] == 200:
-                return
+            return api("/api/health", auth=None)[0] == 200
         except OSError:
-            pass
-        time.sleep(1)
-    raise AssertionError(f"Grafana did not answer /api/health within {seconds}s")
+            return False
+
+    assert eventually(healthy, seconds), f"Grafana did not answer /api/health within {seconds}s"
 
 
 def org_ids() -> dict[str, int]:
