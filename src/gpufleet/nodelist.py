@@ -41,6 +41,7 @@ from gpufleet.sizing import (
     DEFAULT_CPUS,
     DEFAULT_MAX_GPUS_PER_SHARD,
     DEFAULT_MAX_SERIES_PER_SHARD,
+    HostShape,
     estimate_series,
 )
 
@@ -565,7 +566,7 @@ def build_hosts(check: Checker, spec: EntrySpec, key_path: str, cluster: str) ->
     addresses = entry_addresses(check, spec, key_path)
     cpus = spec.cpus or DEFAULT_CPUS
     series = spec.expected_series or estimate_series(
-        cpus, spec.gpu_count, spec.gpu_collector, spec.role
+        HostShape(cpus, spec.gpu_count, spec.gpu_collector, spec.role)
     )
     return [
         Host(

@@ -10,6 +10,7 @@ files. Change them together.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -74,15 +75,26 @@ def kind_groups(role: str, gpu_count: int) -> list[str]:
     return ["compute_nodes", "gpu_nodes" if gpu_count else "cpu_nodes"]
 
 
-def host_groups(role: str, gpu_count: int, collector: str) -> set[str]:
+@dataclass(frozen=True)
+class HostShape:
+    """What sizes a host's series: its CPUs, its GPUs and their collector (a plain word),
+    and its role (node or server)."""
+
+    cpus: int
+    gpu_count: int
+    collector: str
+    role: str = "node"
+
+
+def host_groups(host: HostShape) -> set[str]:
     """The inventory groups, of those a registry exporter may name, a host is in: all,
     its kind's, and gpu_collector_<collector> for a GPU host (collectors are plain words,
     so the group is named as inventory.group_name would). The monitoring groups and
     slurm_controller come from the node list's monitoring section, not from a host's
     kind: an exporter there is not counted per host."""
-    groups = {"all", *kind_groups(role, gpu_count)}
-    if gpu_count:
-        groups.add(f"gpu_collector_{collector}")
+    groups = {"all", *kind_groups(host.role, host.gpu_count)}
+    if host.gpu_count:
+        groups.add(f"gpu_collector_{host.collector}")
     return groups
 
 
@@ -99,25 +111,21 @@ def exporters() -> dict[str, dict[str, Any]]:
 
 
 def exporter_series(
-    cpus: int,
-    gpu_count: int,
-    collector: str,
-    role: str = "node",
-    registry: Mapping[str, Mapping[str, Any]] | None = None,
+    host: HostShape, registry: Mapping[str, Mapping[str, Any]] | None = None
 ) -> int:
     """Series the host's exporters send: every registry exporter a shard scrapes on this
     host (its group), each with Prometheus' own series of its target, and the GPU
     collector's textfile series."""
-    groups = host_groups(role, gpu_count, collector)
-    total = SMI_SERIES_PER_GPU * gpu_count if collector == "smi" else 0
+    groups = host_groups(host)
+    total = SMI_SERIES_PER_GPU * host.gpu_count if host.collector == "smi" else 0
     for exporter in (exporters() if registry is None else registry).values():
         if not exporter.get("sharded") or exporter["group"] not in groups:
             continue
         series = exporter.get("series") or {}
         total += (
             int(series.get("host", 0))
-            + int(series.get("per_cpu", 0)) * cpus
-            + int(series.get("per_gpu", 0)) * gpu_count
+            + int(series.get("per_cpu", 0)) * host.cpus
+            + int(series.get("per_gpu", 0)) * host.gpu_count
             + SERIES_PER_TARGET
         )
     return total
@@ -132,11 +140,7 @@ def recorded_series(gpu_count: int) -> int:
 
 
 def estimate_series(
-    cpus: int,
-    gpu_count: int,
-    collector: str,
-    role: str = "node",
-    registry: Mapping[str, Mapping[str, Any]] | None = None,
+    host: HostShape, registry: Mapping[str, Mapping[str, Any]] | None = None
 ) -> int:
     """Head series one host adds to its shard: what it sends and what rules record."""
-    return exporter_series(cpus, gpu_count, collector, role, registry) + recorded_series(gpu_count)
+    return exporter_series(host, registry) + recorded_series(host.gpu_count)

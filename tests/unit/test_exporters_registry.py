@@ -21,6 +21,7 @@ from ansible.plugins.loader import filter_loader
 from render_role import ROLES, ROOT, evaluate, example_inventory, render
 
 from gpufleet import sizing
+from gpufleet.sizing import HostShape
 
 filter_loader.add_directory(str(ROOT / "plugins" / "filter"))
 
@@ -277,10 +278,10 @@ def test_a_new_entry_is_inhibited(tmp_path: Path) -> None:
 
 def test_the_estimate_counts_a_new_entry_on_its_group() -> None:
     registry = WITH_FAKE["exporters_registry"]
-    gpu = sizing.estimate_series(64, 8, "smi", "node", registry)
-    assert gpu - sizing.estimate_series(64, 8, "smi", "node") == 11 + 3 * 8 + 5
-    cpu = sizing.estimate_series(64, 0, "", "node", registry)
-    assert cpu == sizing.estimate_series(64, 0, "", "node")
+    gpu = sizing.estimate_series(HostShape(64, 8, "smi", "node"), registry)
+    assert gpu - sizing.estimate_series(HostShape(64, 8, "smi", "node")) == 11 + 3 * 8 + 5
+    cpu = sizing.estimate_series(HostShape(64, 0, "", "node"), registry)
+    assert cpu == sizing.estimate_series(HostShape(64, 0, "", "node"))
 
 
 def test_the_inventory_estimate_is_the_registrys() -> None:
@@ -288,6 +289,10 @@ def test_the_inventory_estimate_is_the_registrys() -> None:
     _, hostvars = example_inventory()
     gpu001 = hostvars["gpu001"]
     expected = sizing.estimate_series(
-        gpu001["gpufleet_cpus"], gpu001["gpufleet_gpu_count"], gpu001["gpufleet_gpu_collector"]
+        HostShape(
+            gpu001["gpufleet_cpus"],
+            gpu001["gpufleet_gpu_count"],
+            gpu001["gpufleet_gpu_collector"],
+        )
     )
     assert gpu001["gpufleet_expected_series"] == expected

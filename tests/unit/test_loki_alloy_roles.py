@@ -246,45 +246,22 @@ def test_alloy_kernel_lines_are_relabelled_and_slurm_files_read():
     assert label_names == {"xid", "pci_bus_id", "level"}
 
 
-# Real lines (gpu-metrics.md section 5.1) -> (xid, PCI id as the collector labels GPUs).
+# Real lines (gpu-metrics.md section 5.1), each after the xid and the PCI id the collector
+# labels its GPU with.
+XID_TABLE = """
+79 00000000:05:00.0 NVRM: Xid (PCI:0000:05:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
+79 00000000:01:00.0 NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.
+14 00000000:03:00.0 [  301.231516] NVRM: Xid (0000:03:00): 14, Channel 00000001
+63 00000000:10:1C.0 NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, reset gpu to activate.
+149 00000009:01:00.0 [171167.620236] NVRM: Xid (PCI:0009:01:00): 149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 01 (0x021425c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)
+154 00000009:01:00.0 [171167.621162] NVRM: Xid (PCI:0009:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)
+119 00000000:61:00.0 NVRM: Xid (PCI:0000:61:00): 119, pid=123417, name=nv-hostengine, Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function 10 (FREE) (0xc0000005 0x0).
+48 00000000:3B:00.0 Feb 01 14:25:31 host kernel: NVRM: Xid (PCI:0000:3b:00): 48, pid=77, DBE
+31 00000000:B3:00.0 [ 130.456250] [ T1946] NVRM: Xid (PCI:0000:b3:00): 31, pid=9, MMU Fault
+"""  # noqa: E501 (verbatim log lines)
 XID_LINES = [
-    (
-        "NVRM: Xid (PCI:0000:05:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",  # noqa: E501 (verbatim log line)
-        "79",
-        "00000000:05:00.0",
-    ),
-    ("NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.", "79", "00000000:01:00.0"),
-    ("[  301.231516] NVRM: Xid (0000:03:00): 14, Channel 00000001", "14", "00000000:03:00.0"),
-    (
-        "NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, reset gpu to activate.",  # noqa: E501 (verbatim log line)
-        "63",
-        "00000000:10:1C.0",
-    ),
-    (
-        "[171167.620236] NVRM: Xid (PCI:0009:01:00): 149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 01 (0x021425c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)",  # noqa: E501 (verbatim log line)
-        "149",
-        "00000009:01:00.0",
-    ),
-    (
-        "[171167.621162] NVRM: Xid (PCI:0009:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)",  # noqa: E501 (verbatim log line)
-        "154",
-        "00000009:01:00.0",
-    ),
-    (
-        "NVRM: Xid (PCI:0000:61:00): 119, pid=123417, name=nv-hostengine, Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function 10 (FREE) (0xc0000005 0x0).",  # noqa: E501 (verbatim log line)
-        "119",
-        "00000000:61:00.0",
-    ),
-    (
-        "Feb 01 14:25:31 host kernel: NVRM: Xid (PCI:0000:3b:00): 48, pid=77, DBE",
-        "48",
-        "00000000:3B:00.0",
-    ),
-    (
-        "[ 130.456250] [ T1946] NVRM: Xid (PCI:0000:b3:00): 31, pid=9, MMU Fault",
-        "31",
-        "00000000:B3:00.0",
-    ),
+    (line, xid, pci)
+    for xid, pci, line in (row.split(maxsplit=2) for row in XID_TABLE.strip().splitlines())
 ]
 NOT_XID = [
     "NVRM: GPU at PCI:0000:01:00: GPU-34d7319c-5b19-1e75-186d-c187099e4fe5",

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from gpufleet import sizing
+from gpufleet.sizing import HostShape
 
 ROOT = Path(__file__).resolve().parents[2]
 PAYLOAD = ROOT / "bench" / "payloads" / "gpu-node-h100x8.prom"
@@ -55,7 +56,7 @@ RECORDED = {"node": sizing.exporters()["node"]}
 def test_exporter_estimate_matches_the_recorded_payload() -> None:
     shape = payload_shape()
     measured = len(payload_series()) + sizing.SERIES_PER_TARGET
-    estimate = sizing.exporter_series(shape["cpus"], shape["gpus"], "smi", registry=RECORDED)
+    estimate = sizing.exporter_series(HostShape(shape["cpus"], shape["gpus"], "smi"), RECORDED)
     assert within(estimate, measured), (estimate, measured)
 
 
@@ -95,12 +96,13 @@ def test_default_budget_is_half_the_reference_server() -> None:
 
 
 def test_estimate_adds_what_rules_record() -> None:
-    assert sizing.estimate_series(64, 0, "") == sizing.exporter_series(64, 0, "") + 10
-    h100 = sizing.estimate_series(224, 8, "smi")
-    assert h100 == sizing.exporter_series(224, 8, "smi") + sizing.recorded_series(8)
-    assert sizing.exporter_series(8, 8, "dcgm") - sizing.exporter_series(8, 0, "") == (
-        40 * 8 + sizing.SERIES_PER_TARGET
+    cpu, h100 = HostShape(64, 0, ""), HostShape(224, 8, "smi")
+    assert sizing.estimate_series(cpu) == sizing.exporter_series(cpu) + 10
+    assert sizing.estimate_series(h100) == (
+        sizing.exporter_series(h100) + sizing.recorded_series(8)
     )
+    dcgm = sizing.exporter_series(HostShape(8, 8, "dcgm"))
+    assert dcgm - sizing.exporter_series(HostShape(8, 0, "")) == 40 * 8 + sizing.SERIES_PER_TARGET
 
 
 def test_estimate_counts_the_registry_exporters_of_the_hosts_groups() -> None:
@@ -111,11 +113,13 @@ def test_estimate_counts_the_registry_exporters_of_the_hosts_groups() -> None:
         "unsharded": {"group": "all", "sharded": False, "series": {"host": 1000}},
     }
     registry = {**sizing.exporters(), **fake}
-    node = sizing.exporter_series(64, 8, "smi", "node", registry)
-    added = node - sizing.exporter_series(64, 8, "smi", "node")
+    node = sizing.exporter_series(HostShape(64, 8, "smi", "node"), registry)
+    added = node - sizing.exporter_series(HostShape(64, 8, "smi", "node"))
     assert added == 7 + 2 * 8 + sizing.SERIES_PER_TARGET
-    server = sizing.exporter_series(64, 0, "smi", "server", registry)
-    assert server == sizing.exporter_series(64, 0, "smi", "server")
+    server = sizing.exporter_series(HostShape(64, 0, "smi", "server"), registry)
+    assert server == sizing.exporter_series(HostShape(64, 0, "smi", "server"))
     # The IPMI exporter's group is the site's own (opt-in): not a kind group, not counted.
-    compute, server = (sizing.exporter_series(64, 0, "", role) for role in ("node", "server"))
+    compute, server = (
+        sizing.exporter_series(HostShape(64, 0, "", role)) for role in ("node", "server")
+    )
     assert compute == server

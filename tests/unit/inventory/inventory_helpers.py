@@ -115,7 +115,7 @@ def synthetic_cluster(seed: int, min_hosts: int = 1000) -> dict[str, int]:
     Racks of 8..64 hosts; 0, 4 or 8 GPUs; 32..256 threads; series from the same formula
     the node list uses, so weights vary about 6x between the lightest and heaviest host.
     """
-    from gpufleet.sizing import estimate_series, exporters
+    from gpufleet.sizing import HostShape, estimate_series, exporters
 
     # The exporters whose series the planner's stability bounds (test_sharding.py) were
     # measured with. An exporter added to the registry since (the IPMI exporter's
@@ -132,7 +132,7 @@ def synthetic_cluster(seed: int, min_hosts: int = 1000) -> dict[str, int]:
         gpus = rnd.choice([0, 4, 8, 8, 8])
         cpus = rnd.choice([32, 64, 96, 128, 192, 256])
         collector = rnd.choice(["smi", "dcgm"])
-        weight = estimate_series(cpus, gpus, collector, registry=measured)
+        weight = estimate_series(HostShape(cpus, gpus, collector), measured)
         prefix = rnd.choice(["gpu", "node", "nid", "a100-", "cpu"])
         for index in range(1, size + 1):
             weights[f"r{rack:03d}-{prefix}{index:03d}"] = weight

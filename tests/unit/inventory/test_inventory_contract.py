@@ -9,7 +9,7 @@ from inventory_helpers import minimal_node_list
 
 from gpufleet.inventory import build_inventory, group_name, prometheus_instances
 from gpufleet.nodelist import Monitoring, NodeListError, parse_node_list
-from gpufleet.sizing import DEFAULT_MAX_SERIES_PER_SHARD, estimate_series
+from gpufleet.sizing import DEFAULT_MAX_SERIES_PER_SHARD, HostShape, estimate_series
 
 
 def build(data: dict[str, Any]):
@@ -31,7 +31,7 @@ def test_every_host_gets_the_contract_variables() -> None:
         "gpufleet_gpu_count": 8,
         "gpufleet_gpu_collector": "dcgm",
         "gpufleet_cpus": 224,
-        "gpufleet_expected_series": estimate_series(224, 8, "dcgm"),
+        "gpufleet_expected_series": estimate_series(HostShape(224, 8, "dcgm")),
         "gpufleet_target_labels": {
             "cluster": "test",
             "rack": "r01",

@@ -16,7 +16,7 @@ from gpufleet.nodelist import (
     parse_node_list,
     render_address,
 )
-from gpufleet.sizing import estimate_series
+from gpufleet.sizing import HostShape, estimate_series
 
 
 @pytest.mark.parametrize("case", BAD_CASES, ids=lambda c: c.id)
@@ -61,7 +61,7 @@ def test_minimal_node_list_loads_into_frozen_hosts(node_list_path: Path) -> None
     assert (gpu.gpu_vendor, gpu.gpu_model, gpu.gpu_count, gpu.gpu_collector) == (
         "nvidia", "H100", 8, "dcgm",
     )  # fmt: skip
-    assert gpu.expected_series == estimate_series(224, 8, "dcgm")
+    assert gpu.expected_series == estimate_series(HostShape(224, 8, "dcgm"))
     cpu = node_list.hosts[4]
     assert (cpu.gpu_count, cpu.gpu_vendor, cpu.gpu_collector, cpu.role) == (0, "", "", "node")
     assert node_list.hosts[-1].role == "server"
