@@ -11,6 +11,7 @@ grafana_install_method=none, and `grafana` runs all of it against a stand-in pac
 from __future__ import annotations
 
 import configparser
+import copy
 import re
 import subprocess
 from pathlib import Path
@@ -80,6 +81,28 @@ def test_sharded_inventory_gives_global_shards_alertmanager_and_loki():
     assert ds["gpufleet-loki"]["url"] == "http://10.1.9.3:3100"
     assert sum(1 for d in doc["datasources"] if d.get("isDefault")) == 1
     assert all(d["editable"] is False for d in doc["datasources"])
+
+
+def test_the_alertmanager_datasource_follows_the_alertmanagers_own_port():
+    # alertmanager_port in the Alertmanager's host_vars moves Grafana's datasource with it.
+    groups, hostvars = example_inventory()
+    hostvars = copy.deepcopy(hostvars)
+    first = groups["alertmanager"][0]
+    address = hostvars[first]["ansible_host"]
+    assert by_uid(datasources())["gpufleet-alertmanager"]["url"] == f"http://{address}:9093"
+    hostvars[first]["alertmanager_port"] = 9193
+    ds = by_uid(datasources(inventory=(groups, hostvars)))
+    assert ds["gpufleet-alertmanager"]["url"] == f"http://{address}:9193"
+
+
+def test_the_removed_alertmanager_port_setting_is_refused():
+    (task,) = [t for t in tasks("preflight.yml") if "removed port setting" in t["name"]]
+    condition = task["ansible.builtin.assert"]["that"]
+    assert evaluate("grafana", condition, "mon03", SECRETS) is True
+    refused = {**SECRETS, "grafana_alertmanager_port": 9193}
+    assert evaluate("grafana", condition, "mon03", refused) is False
+    message = " ".join(task["ansible.builtin.assert"]["fail_msg"].split())
+    assert message.startswith("grafana_alertmanager_port is no longer read: set alertmanager_port")
 
 
 def test_standalone_inventory_gives_one_prometheus():

@@ -12,13 +12,14 @@ environment file with the roles' defaults and the example inventory, and checks:
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import re
 
 import pytest
 import yaml
-from render_role import ROLES, ROOT, example_inventory, render
+from render_role import ROLES, ROOT, evaluate, example_inventory, render
 
 COLLECTOR = ROOT / "roles" / "gpu_collector" / "files" / "gpufleet_gpu_collector.py"
 
@@ -60,6 +61,29 @@ def test_loki_ruler_sends_to_every_alertmanager():
         "http://10.1.9.3:9093",
     ]
     assert ruler["storage"] == {"type": "local", "local": {"directory": "/etc/loki/rules"}}
+
+
+def test_loki_ruler_sends_to_each_alertmanagers_own_port():
+    # alertmanager_port in an Alertmanager's host_vars moves the ruler's URL with it.
+    groups, hostvars = example_inventory()
+    hostvars = copy.deepcopy(hostvars)
+    hostvars["mon02"]["alertmanager_port"] = 9193
+    text = render("loki", "loki.yml.j2", "mon03", {}, (groups, hostvars))
+    assert yaml.safe_load(text)["ruler"]["alertmanager_url"].split(",") == [
+        "http://10.1.9.1:9093",
+        "http://10.1.9.2:9193",
+        "http://10.1.9.3:9093",
+    ]
+
+
+def test_the_removed_alertmanager_port_setting_is_refused():
+    tasks = yaml.safe_load((ROLES / "loki" / "tasks" / "preflight.yml").read_text())
+    (task,) = [t for t in tasks if "removed port setting" in t["name"]]
+    condition = task["ansible.builtin.assert"]["that"]
+    assert evaluate("loki", condition, "mon03") is True
+    assert evaluate("loki", condition, "mon03", {"loki_alertmanager_port": 9193}) is False
+    message = " ".join(task["ansible.builtin.assert"]["fail_msg"].split())
+    assert message.startswith("loki_alertmanager_port is no longer read: set alertmanager_port")
 
 
 def test_loki_s3_option():

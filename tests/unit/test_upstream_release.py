@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from render_role import ROLES, evaluate, template_value
+from render_role import ROLES, evaluate, role_variables, template_value, trust_as_template
 
 REPO = ROLES.parent
 ROLE = ROLES / "upstream_release"
@@ -180,6 +180,31 @@ def test_artifact_is_cached_under_its_checksum(kind, url, file, unpacked) -> Non
     assert artifact["cache"] == f"/cache/r/{PIN}"
     assert artifact["file"] == f"/cache/r/{PIN}/{file}"
     assert artifact["unpacked"] == f"/cache/r/{PIN}/{unpacked}"
+
+
+def loki_release(expression: str, arch: str, **overrides):
+    """An upstream_release value with the variables roles/loki passes."""
+    (call,) = [t for t in tasks("loki", "install.yml") if "ansible.builtin.include_role" in t]
+    passed = {
+        name: trust_as_template(item) if isinstance(item, str) else item
+        for name, item in call["vars"].items()
+    }
+    # The download directory's default needs a lookup.
+    passed["upstream_release_download_dir"] = "/cache"
+    return value(expression, arch, **{**role_variables("loki"), **passed, **overrides})
+
+
+def test_loki_armv7_is_the_upstream_arm_build() -> None:
+    # Loki spells armv7 "arm" (loki-linux-arm.zip); the shared map says armv7.
+    pins = {"3.7.8": {"arm": PIN}}
+    artifact = loki_release("_upstream_release_artifact", "armv7l", loki_binary_sha256=pins)
+    assert artifact["url"].endswith("/v3.7.8/loki-linux-arm.zip")
+    assert artifact["arch"] == "arm"  # the binary inside: loki-linux-arm
+    assert artifact["sha256"] == PIN
+    assert loki_release("_upstream_release_pin_key", "armv7l") == "arm"
+    # Other architectures and other callers keep the shared spelling.
+    assert loki_release("_upstream_release_url", "aarch64").endswith("/loki-linux-arm64.zip")
+    assert value("_upstream_release_arch", "armv7l") == "armv7"
 
 
 def test_missing_pin_message_names_the_variable_and_the_key() -> None:
