@@ -319,15 +319,20 @@ def test_rules_survive_a_reboot():
     restart_host(EXPORTER)
     # The restarted container comes back with a new MAC address: the peers' neighbour
     # caches need a few seconds, and until then every port looks dropped.
-    eventually(
+    # Bounded as the loop this replaced was at worst (30 rounds of SSH checks, each up to
+    # 3 s when dropped): a loaded test machine needs more than 30 s here.
+    back = eventually(
         lambda: (
             EXPORTER.service("node_exporter").is_running
             and table_loaded()
             and reaches_ssh(PROM)
             and reaches_ssh(OTHER)
+            and fetch(PROM).stdout == "200"
         ),
-        30,
+        180,
+        interval=2,
     )
+    assert back, "fw-exporter did not come back with node_exporter answering fw-prom"
     assert table_loaded()
     assert EXPORTER.service(UNIT).is_enabled
     assert reaches_ssh(OTHER), "fw-other cannot reach fw-exporter at all after the reboot"
