@@ -129,7 +129,10 @@ ERROR_REASONS = (
 
 # name -> (type, help). Every emitted family must be listed here.
 FAMILIES: dict[str, tuple[str, str]] = {
-    "info": ("gauge", "GPU identity (model, uuid, PCI bus id, driver, VBIOS); value is always 1."),
+    "info": (
+        "gauge",
+        "GPU identity (model, uuid, PCI bus id, driver, VBIOS, device minor); value is 1.",
+    ),
     "devices": ("gauge", "Number of GPUs the vendor tool reported in this cycle."),
     "unreadable_fields": (
         "gauge",
@@ -995,6 +998,58 @@ def pci_map_of(gpus: Iterable[GpuData]) -> dict[str, list[str]]:
         for g in gpus
         if g.vendor == "nvidia" and g.info.get("pci_bus_id")
     }
+
+
+# ----------------------------------------------------------- device minor number
+# Slurm's GRES index (IDX) names a device file, /dev/nvidia<minor>, and the minor
+# need not equal nvidia-smi's index (jobstats issue #34). No --query-gpu field has
+# it; the driver's per-GPU file does, without another command:
+# <proc-root>/driver/nvidia/gpus/<domain:bus:device.function>/information.
+DRIVER_INFO_MAX_BYTES = 4096  # the file is about 400 bytes
+MAX_MINOR = 254  # /dev/nvidia255 is nvidiactl
+DEVICE_MINOR_RE = re.compile(r"^Device Minor:[ \t]*([0-9]{1,3})[ \t]*$", re.MULTILINE)
+
+
+def driver_info_dir(pci_bus_id: str) -> str | None:
+    """'00000000:3B:00.0' -> '0000:3b:00.0' (the driver's directory name); None if malformed."""
+    if not PCI_BUS_ID_RE.fullmatch(pci_bus_id):
+        return None
+    head, function = pci_bus_id.rsplit(".", 1)
+    domain, bus, device = (int(part, 16) for part in head.split(":"))
+    return f"{domain:04x}:{bus:02x}:{device:02x}.{function}"
+
+
+def parse_device_minor(text: str) -> str | None:
+    """The one 'Device Minor:' line's number, 0..MAX_MINOR; None if absent, repeated or too big."""
+    found = DEVICE_MINOR_RE.findall(text)
+    if len(found) != 1 or int(found[0]) > MAX_MINOR:
+        return None
+    return str(int(found[0]))
+
+
+def read_device_minor(proc_root: str, pci_bus_id: str) -> str | None:
+    name = driver_info_dir(pci_bus_id)
+    if name is None:
+        return None
+    path = os.path.join(proc_root, "driver", "nvidia", "gpus", name, "information")
+    data = _read_bytes(path, DRIVER_INFO_MAX_BYTES + 1)
+    if data is None or len(data) > DRIVER_INFO_MAX_BYTES:
+        return None
+    return parse_device_minor(data.decode("ascii", "replace"))
+
+
+def with_minor_numbers(gpus: list[GpuData], proc_root: str) -> list[GpuData]:
+    """NVIDIA GPUs get info label minor_number; a minor two GPUs claim is left out on both
+    (a join on it would be ambiguous)."""
+    minors = {g.gpu: read_device_minor(proc_root, g.info.get("pci_bus_id", "")) for g in gpus}
+    claimed = [m for m in minors.values() if m is not None]
+    out = []
+    for gpu in gpus:
+        minor = minors[gpu.gpu]
+        if gpu.vendor == "nvidia" and minor is not None and claimed.count(minor) == 1:
+            gpu = gpu._replace(info={**gpu.info, "minor_number": minor})
+        out.append(gpu)
+    return out
 
 
 # ------------------------------------------------------------ Slurm attribution
@@ -1885,6 +1940,7 @@ def collect_gpu_samples(
         memory = FieldMemory(None, "")
     text = query_nvidia_gpus(args.nvidia_smi_resolved, memory, deadline)
     gpus, notes = nvidia_gpus_and_notes(text)
+    gpus = with_minor_numbers(gpus, args.proc_root)
     samples = to_samples(gpus) + notes
     try:
         apps = query_compute_apps(args.nvidia_smi_resolved, deadline)
@@ -2063,7 +2119,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="none",
         help="journald, kmsg, none, or a FILE of kernel log lines (tests)",
     )
-    parser.add_argument("--proc-root", default="/proc", help="where /proc/PID/cgroup is read")
+    parser.add_argument(
+        "--proc-root",
+        default="/proc",
+        help="where /proc/PID/cgroup and /proc/driver/nvidia/gpus are read",
+    )
     args = parser.parse_args(argv)
     if not args.output_name.endswith(".prom") or "/" in args.output_name:
         parser.error("--output-name must be a plain file name ending in .prom")
