@@ -3,15 +3,24 @@
 The rendered configuration is checked by the real amtool of both ends of the supported
 range: Debian 12's 0.25 (/usr/bin/amtool, scripts/bootstrap) and sid's (0.33 today,
 downloaded and verified by apt like promtool 3 in test_rules.py, unpacked once under
-.cache/amtool/). ``amtool config routes test`` proves which receivers a label set reaches.
+.cache/amtool/). ``amtool config routes test`` proves which receivers a label set reaches, and the
+Alertmanager binary of the same package delivers to an SMTP and a webhook sink.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
+import socket
+import socketserver
 import subprocess
 import tempfile
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import yaml
@@ -184,3 +193,131 @@ def test_hostile_settings_are_refused(override: dict) -> None:
 
 def test_good_settings_pass() -> None:
     assert evaluate("alertmanager", "_alertmanager_idle_problems", "mon01", SETTINGS) == []
+
+
+# --- delivery by a real Alertmanager -------------------------------------------------------
+
+
+class _Smtp(socketserver.StreamRequestHandler):
+    """An SMTP sink: records each mail's recipients and body (no TLS, no auth)."""
+
+    mails: ClassVar[list[tuple[list[str], str]]] = []
+
+    def handle(self) -> None:
+        def say(text: str) -> None:
+            self.wfile.write(f"{text}\r\n".encode())
+
+        say("220 sink")
+        rcpt: list[str] = []
+        data: list[str] | None = None
+        for raw in self.rfile:
+            line = raw.decode().rstrip("\r\n")
+            if data is not None:
+                if line == ".":
+                    self.mails.append((rcpt, "\n".join(data)))
+                    data, rcpt = None, []
+                    say("250 ok")
+                else:
+                    data.append(line)
+                continue
+            verb = line[:4].upper()
+            if verb == "EHLO":
+                say("250 sink")
+            elif verb == "RCPT":
+                rcpt.append(line.split(":", 1)[1].strip())
+                say("250 ok")
+            elif verb == "DATA":
+                data = []
+                say("354 go")
+            elif verb == "QUIT":
+                say("221 bye")
+                return
+            else:
+                say("250 ok")
+
+
+class _Hook(BaseHTTPRequestHandler):
+    """The admins' webhook: records each notification."""
+
+    posts: ClassVar[list[dict]] = []
+
+    def do_POST(self) -> None:
+        self.posts.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _idle(job: str, user: str, account: str, node: str) -> dict:
+    labels = IDLE | {"job_id": job, "user": user, "account": account, "partition": "gpu"}
+    return {"labels": labels | {"node": node}, "annotations": {"summary": f"job {job}"}}
+
+
+def test_owner_mail_and_one_digest_are_delivered(amtool: Path, tmp_path: Path) -> None:
+    """The real Alertmanager of the same release as amtool: the templated `to:` reaches
+    carol, the map reaches alice, opted-out and hostile users get no mail, and the admins
+    get one digest with every idle job."""
+    binary = amtool.parent / "prometheus-alertmanager"
+    _Smtp.mails, _Hook.posts = [], []
+    smtp = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Smtp)
+    hook = HTTPServer(("127.0.0.1", 0), _Hook)
+    for server in (smtp, hook):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = _free_port()
+    settings = SETTINGS | {
+        "alertmanager_receivers": [
+            {
+                "name": "admins",
+                "webhook_configs": [{"url": f"http://127.0.0.1:{hook.server_port}/"}],
+            }
+        ],
+        "alertmanager_global": {
+            "smtp_smarthost": f"127.0.0.1:{smtp.server_address[1]}",
+            "smtp_from": "gpufleet@example.org",
+            "smtp_require_tls": False,
+        },
+        "alertmanager_group_wait": "1s",
+    }
+    config = tmp_path / "alertmanager.yml"
+    config.write_text(render("alertmanager", "alertmanager.yml.j2", "mon01", settings))
+    command = [str(binary), f"--config.file={config}", f"--storage.path={tmp_path / 'data'}",
+               f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="]  # fmt: skip
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as server:
+        try:
+            url = f"http://127.0.0.1:{port}"
+            for _ in range(100):
+                try:
+                    urllib.request.urlopen(f"{url}/-/ready", timeout=1)
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            alerts = [_idle("7", "carol", "chem", "gpu001"), _idle("7", "carol", "chem", "gpu002"),
+                      _idle("8", "alice", "chem", "gpu003"), _idle("9", "dave", "bio", "gpu004"),
+                      _idle("10", "x@evil.org,y", "chem", "gpu005")]  # fmt: skip
+            request = urllib.request.Request(
+                f"{url}/api/v2/alerts", json.dumps(alerts).encode(),
+                {"Content-Type": "application/json"},
+            )  # fmt: skip
+            urllib.request.urlopen(request, timeout=5)
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and (len(_Smtp.mails) < 2 or not _Hook.posts):
+                time.sleep(0.2)
+            time.sleep(1.5)  # a duplicate or a split digest would arrive by now
+        finally:
+            server.terminate()
+            smtp.shutdown()
+            hook.shutdown()
+    mails = sorted((rcpt, body.count("job_id")) for rcpt, body in _Smtp.mails)
+    # one mail per job: job 7's two nodes in carol's mail
+    assert mails == [(["<a.smith@example.org>"], 2), (["<carol@example.org>"], 3)], mails
+    (digest,) = _Hook.posts
+    assert digest["groupLabels"] == {"alertname": "SlurmJobGpuIdle", "cluster": "c1"}
+    assert sorted(a["labels"]["job_id"] for a in digest["alerts"]) == ["10", "7", "7", "8", "9"]
