@@ -38,6 +38,21 @@ class Outcome:
     stderr: list[str] = field(default_factory=list)  # errors, holes in the data, query stats
 
 
+def percent(text: str) -> float:
+    """A threshold in 0..100 (argparse type)."""
+    value = float(text)
+    if not 0 <= value <= 100:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage in 0..100")
+    return value
+
+
+def seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds in (0, 3600]")
+    return value
+
+
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--prometheus", metavar="URL", help="the Prometheus to query")
@@ -50,7 +65,7 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
         "--password-file",
         help=f"file holding the basic auth password (or set {PASSWORD_ENV}); never on argv",
     )
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per query")
+    parser.add_argument("--timeout", type=seconds, default=30.0, help="seconds per query")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--stats", action="store_true", help="print Prometheus' query stats")
 
@@ -64,7 +79,7 @@ def add_parsers(commands: Any) -> None:
     )
     jobstats.add_argument(
         "--threshold",
-        type=float,
+        type=percent,
         default=IDLE_THRESHOLD,
         help=f"utilization (%%) under which a GPU is idle (default {IDLE_THRESHOLD:g})",
     )
@@ -75,7 +90,7 @@ def add_parsers(commands: Any) -> None:
     idle_parser.add_argument("--since", default="7d", help="window (24h, 7d, 2w; default 7d)")
     idle_parser.add_argument(
         "--threshold",
-        type=float,
+        type=percent,
         help="utilization (%%) under which a GPU is idle; default: the recording rules' (5)",
     )
 
@@ -130,7 +145,7 @@ def _find_on(
 
 def run_jobstats(args: argparse.Namespace) -> Outcome:
     job_id = check_job_id(args.job_id)
-    lookback_s = idle.parse_since(args.lookback)
+    lookback_s = idle.parse_since(args.lookback, "--lookback")
     stats: list[dict[str, Any]] = []
     make = client_factory(args, stats)
     where = topology(args)

@@ -22,14 +22,14 @@ HOURS = {"h": 1, "d": 24, "w": 168}
 STEP_MIN = 5
 
 
-def parse_since(text: str) -> int:
+def parse_since(text: str, option: str = "--since") -> int:
     """``7d`` -> seconds; whole hours, days or weeks (the rules are hourly)."""
     match = DURATION.fullmatch(text)
     if not match:
-        raise ValueError(f"--since {text[:20]!r}: use whole hours, days or weeks (24h, 7d, 2w)")
+        raise ValueError(f"{option} {text[:20]!r}: use whole hours, days or weeks (24h, 7d, 2w)")
     hours = int(match.group(1)) * HOURS[match.group(2)]
     if hours > 24 * 400:
-        raise ValueError(f"--since {text}: at most 400 days")
+        raise ValueError(f"{option} {text}: at most 400 days")
     return hours * 3600
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpufleet.cli import main
 from gpufleet.jobstats.collect import Figures, span_seconds
 from gpufleet.jobstats.discover import JobPlace, check_job_id, node_regex
 from gpufleet.jobstats.idle import add, parse_since, raw_expr, recorded_expr, rows
@@ -157,3 +158,28 @@ def test_render_helpers() -> None:
     assert bar(1.7, 4) == "[####]" and bar(-1, 4) == "[....]" and bar(None, 2) == "[  ]"
     assert duration(3 * 86400 + 3720) == "3d 1h 02m"
     assert clean("evil\x1b[2Juser") == "evil?[2Juser"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["jobstats", "1", "--prometheus", "http://x", "--threshold", "nan"],
+        ["jobstats", "1", "--prometheus", "http://x", "--threshold", "101"],
+        ["report", "idle", "--prometheus", "http://x", "--threshold", "-1"],
+        ["report", "idle", "--prometheus", "http://x", "--timeout", "0"],
+        ["jobstats", "1"],  # no source
+        ["jobstats", "1", "--prometheus", "http://x", "-i", "inv"],  # two sources
+    ],
+)
+def test_bad_arguments_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_bad_lookback_names_its_option(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["jobstats", "1", "--prometheus", "http://x", "--lookback", "3x"]) == 2
+    assert capsys.readouterr().err == (
+        "gpufleet jobstats: --lookback '3x': use whole hours, days or weeks (24h, 7d, 2w)\n"
+    )
