@@ -187,7 +187,7 @@ def unknown_job(
             seen = seen or ask(instance, make, lambda c: slurm_seen(c, lookback_s, now))
         except PromError:
             continue
-    names = ", ".join(inst.name for inst in where.data)
+    names = f"{len(where.data)} shards" if where.sharded else where.data[0].name
     if not seen:
         return (
             f"job {job_id}: no Slurm job series at all in the last {lookback} on {names}: is "
