@@ -91,7 +91,7 @@ def segments(jobs: list[tuple], lo: int, hi: int) -> list[tuple[int, int, tuple 
     """[lo, hi) cut into (from, to, job or None) pieces."""
     pieces, t = [], lo
     for job in jobs:
-        start, end = max(job[0], lo), min(job[1] + 1, hi)
+        start, end = max(job[0], lo, t), min(job[1] + 1, hi)  # a job may start as one ends
         if start >= end:
             continue
         if start > t:

@@ -89,7 +89,7 @@ def job_families(jobs: list[Job]) -> dict[str, list[Series]]:
 
 
 def backfill(promtool: Path, text_file: Path, tsdb: Path, max_block: str = "24h") -> None:
-    subprocess.run(
+    result = subprocess.run(
         [
             str(promtool),
             "tsdb",
@@ -99,10 +99,13 @@ def backfill(promtool: Path, text_file: Path, tsdb: Path, max_block: str = "24h"
             str(text_file),
             str(tsdb),
         ],
-        check=True,
+        check=False,
         capture_output=True,
+        text=True,
         timeout=3600,
     )
+    if result.returncode != 0:
+        raise RuntimeError(f"promtool backfill of {text_file}: {result.stderr.strip()[-2000:]}")
 
 
 def free_port() -> int:
