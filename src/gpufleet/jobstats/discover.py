@@ -3,13 +3,18 @@
 Source: the gpufleet Slurm exporter's per-job series (src/gpufleet_node/slurm_exporter/
 metrics.py), present while the job runs: ``slurm_job_gpus_allocated{job_id, node, user,
 account, partition}`` (GPUs per node) and ``slurm_job_gpu_index_info{job_id, node, gpu}``
-(Slurm's GPU index, the join key of the gpufleet-slurm rules). The span is the first and
-last sample of ``slurm_job_gpus_allocated``: exact at the end, within one step at the start.
+(Slurm's GPU index). Slurm's index names a device file, /dev/nvidia<minor>, which need
+not be the NVML index ``gpu`` of the GPU series (jobstats issue #34): it is translated
+through ``gpu:device_minor:info{gpu, minor}``, the map the gpufleet-slurm rules join on,
+and taken as the NVML index where a node reports no minors (the rules' fallback). The span
+is the first and last sample of ``slurm_job_gpus_allocated``: exact at the end, within one
+step at the start.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpufleet.jobstats.promapi import PromClient
@@ -88,13 +93,48 @@ def find_job(client: PromClient, job_id: str, lookback_s: int, now: float) -> Jo
     place.start = starts[0].value if starts else now
     place.end = ends[0].value if ends else now
     index_selector = f'slurm_job_gpu_index_info{{job_id="{job_id}"}}'
+    slurm_indices: dict[str, list[str]] = {}
     for sample in client.query(f"max_over_time({index_selector}{window})", now):
         node, gpu = sample.labels.get("node", ""), sample.labels.get("gpu", "")
         if node in place.gpus_allocated and SAFE_GPU.fullmatch(gpu):
-            place.gpu_indices.setdefault(node, []).append(gpu)
-    for gpus in place.gpu_indices.values():
-        gpus.sort(key=int)
+            slurm_indices.setdefault(node, []).append(gpu)
+    minors = f'gpu:device_minor:info{{node=~"{node_regex(list(slurm_indices))}"}}'
+    pairs = client.query(f"max_over_time({minors}{window})", now) if slurm_indices else []
+    place.gpu_indices = nvml_indices(slurm_indices, minor_map(pair.labels for pair in pairs))
     return place
+
+
+def minor_map(labels: Iterable[dict[str, str]]) -> dict[tuple[str, str], str]:
+    """(node, device minor) -> NVML index, from gpu:device_minor:info samples.
+
+    A minor claimed by two GPUs of a node is left out: it names no GPU for sure (the
+    rules drop it from the join likewise).
+    """
+    found: dict[tuple[str, str], set[str]] = {}
+    for label in labels:
+        node, gpu, minor = label.get("node", ""), label.get("gpu", ""), label.get("minor", "")
+        if SAFE_NODE.fullmatch(node) and SAFE_GPU.fullmatch(gpu) and SAFE_GPU.fullmatch(minor):
+            found.setdefault((node, minor), set()).add(gpu)
+    return {key: gpus.pop() for key, gpus in found.items() if len(gpus) == 1}
+
+
+def nvml_indices(
+    slurm_indices: dict[str, list[str]], minors: dict[tuple[str, str], str]
+) -> dict[str, list[str]]:
+    """Each node's Slurm GPU indices as NVML indices, sorted.
+
+    A node with minors known maps each index through them and drops an index no GPU has
+    (or an ambiguous one); a node with none keeps Slurm's index (index = minor).
+    """
+    mapped_nodes = {node for node, _ in minors}
+    out: dict[str, list[str]] = {}
+    for node, indices in slurm_indices.items():
+        if node in mapped_nodes:
+            gpus = [minors[(node, i)] for i in indices if (node, i) in minors]
+        else:
+            gpus = list(indices)
+        out[node] = sorted(set(gpus), key=int)
+    return out
 
 
 def slurm_seen(client: PromClient, lookback_s: int, now: float) -> bool:

@@ -6,7 +6,13 @@ import pytest
 
 from gpufleet.cli import main
 from gpufleet.jobstats.collect import Figures, span_seconds
-from gpufleet.jobstats.discover import JobPlace, check_job_id, node_regex
+from gpufleet.jobstats.discover import (
+    JobPlace,
+    check_job_id,
+    minor_map,
+    node_regex,
+    nvml_indices,
+)
 from gpufleet.jobstats.idle import add, parse_since, raw_expr, recorded_expr, rows
 from gpufleet.jobstats.render import bar, clean, duration
 from gpufleet.jobstats.report import GpuStat, build_report, mean_utilization, ranges, verdict
@@ -120,6 +126,31 @@ def test_job_ids(job_id: str) -> None:
 def test_hostile_job_ids_refused(job_id: str) -> None:
     with pytest.raises(ValueError, match="not a Slurm job id"):
         check_job_id(job_id)
+
+
+def test_slurm_indices_are_device_minors_not_nvml_indices() -> None:
+    """jobstats issue #34: n1's minors are its NVML indices reversed; Slurm's IDX 0-1 are
+    /dev/nvidia0-1, NVML GPUs 3 and 2. n2 reports no minors: IDX = NVML index."""
+    samples = [{"node": "n1", "gpu": str(gpu), "minor": str(3 - gpu)} for gpu in range(4)]
+    minors = minor_map(samples)
+    assert minors[("n1", "0")] == "3"
+    assert nvml_indices({"n1": ["0", "1"], "n2": ["1", "0"]}, minors) == {
+        "n1": ["2", "3"],
+        "n2": ["0", "1"],
+    }
+
+
+def test_an_ambiguous_or_hostile_minor_maps_nothing() -> None:
+    samples = [
+        {"node": "n1", "gpu": "0", "minor": "0"},
+        {"node": "n1", "gpu": "1", "minor": "0"},  # two GPUs claim /dev/nvidia0
+        {"node": "n1", "gpu": "2", "minor": "2"},
+        {"node": "n1", "gpu": "3", "minor": "1|.*"},
+    ]
+    minors = minor_map(samples)
+    assert minors == {("n1", "2"): "2"}
+    # n1 reports minors: an index that names no GPU for sure is dropped, not guessed.
+    assert nvml_indices({"n1": ["0", "2"]}, minors) == {"n1": ["2"]}
 
 
 def test_node_regex_escapes_dots() -> None:
