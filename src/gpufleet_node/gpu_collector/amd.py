@@ -10,8 +10,6 @@ from .model import MIB, CollectorError, GpuData, Value
 from .nvidia import INDEX_RE
 from .values import MAX_NUMBER_CHARS, clean_label, parse_number
 
-# ------------------------------------------------------------------------- AMD
-
 
 def _amd_value(node: Any) -> float | None:
     """amd-smi: {"value": 12, "unit": "W"} | 12 | "12 W" | "N/A"; rocm-smi: strings."""

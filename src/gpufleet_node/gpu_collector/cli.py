@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
+import logging
 import os
 import signal
 import sys
 
+from .. import commands
 from .collect import Collector
 from .model import DEFAULT_OUTPUT, DEFAULT_STATE_DIR
 from .service import Notifier, Stop, _stop, run_loop
@@ -60,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # The vendor tools inherit this environment; set once, not copied per command.
     os.environ["LC_ALL"] = "C"
+    # The cycle logs each failure with its reason; the shared runner's own warnings would
+    # repeat them (and journalctl's expected exit 1 in a container, every cycle).
+    logging.getLogger(commands.__name__).setLevel(logging.ERROR)
     collector = Collector(args)
     if args.once:
         return 0 if collector.cycle() else 1

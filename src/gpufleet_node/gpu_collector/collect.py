@@ -23,8 +23,6 @@ from .slurm import SluidResolver, _read_text, job_of_pid, jobs_by_gpu
 from .state import load_xid_state, log, save_json
 from .xid import collect_xids
 
-# ------------------------------------------------------------------------ cycle
-
 
 def resolve_tools(args: argparse.Namespace) -> str:
     """Pick the vendor; fills args.*_resolved. Returns 'nvidia', 'amd' or ''."""

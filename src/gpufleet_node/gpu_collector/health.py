@@ -10,8 +10,6 @@ from .model import GpuData, Sample
 from .nvidia import PCI_BUS_ID_RE
 from .slurm import _read_bytes
 
-# ------------------------------------------------------------------------- XID
-
 XID_RE = re.compile(
     r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?\): (\d+),"
 )
@@ -110,7 +108,6 @@ def pci_map_of(gpus: Iterable[GpuData]) -> dict[str, list[str]]:
     }
 
 
-# ----------------------------------------------------------- device minor number
 # Slurm's GRES index (IDX) names a device file, /dev/nvidia<minor>, and the minor
 # need not equal nvidia-smi's index (jobstats issue #34). No --query-gpu field has
 # it; the driver's per-GPU file does, without another command:

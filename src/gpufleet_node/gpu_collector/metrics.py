@@ -11,8 +11,6 @@ from .model import FAMILIES, PREFIX, GpuData, Sample
 from .nvidia import ComputeApp
 from .slurm import JobRef, job_label
 
-# ---------------------------------------------------------------- samples/render
-
 
 def base_labels(gpu: GpuData) -> tuple[tuple[str, str], ...]:
     return (("gpu", gpu.gpu), ("uuid", gpu.uuid), ("vendor", gpu.vendor))

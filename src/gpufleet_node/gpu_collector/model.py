@@ -15,7 +15,6 @@ MAX_GPUS = 64  # GPUs on one node; the largest servers have 8 to 20
 MAX_COMPUTE_APPS = 4096  # compute-process rows (64 GPUs x 64 processes)
 NVIDIA_MAX_BYTES = 1 << 20  # one nvidia-smi answer; 8 GPUs need about 10 KiB
 AMD_MAX_BYTES = 4 << 20  # one amd-smi/rocm-smi JSON document
-STDERR_MAX_BYTES = 64 << 10
 JOURNAL_MAX_BYTES = 8 << 20  # journalctl: the newest 8 MiB of a backlog are read
 XID_FILE_MAX_BYTES = 8 << 20  # --xid-source FILE: bytes read per cycle
 STATE_MAX_BYTES = 4 << 20  # state files and the previous .prom file
@@ -23,8 +22,6 @@ MAX_LINE_CHARS = 64 << 10  # one CSV line
 MAX_FIELD_CHARS = 1024  # one CSV field (names, UUIDs and numbers are far shorter)
 KILL_GRACE_SECONDS = 0.5  # of a command's budget, kept for killing and reaping it
 JOURNAL_RESERVE_SECONDS = 2.0  # of the cycle's deadline, kept for journalctl
-
-# --------------------------------------------------------------------------- model
 
 
 class Sample(NamedTuple):
@@ -47,13 +44,6 @@ class GpuData(NamedTuple):
     # (metric name, extra labels, value); base labels are added by to_samples()
     values: list[tuple[str, tuple[tuple[str, str], ...], float]]
     unreadable: int | None = None  # fields answered with an error (NVIDIA only)
-
-
-class CommandResult(NamedTuple):
-    rc: int | None  # None: killed at the timeout
-    stdout: str
-    stderr: str
-    truncated: bool = False  # stdout was over its byte limit
 
 
 class CollectorError(Exception):

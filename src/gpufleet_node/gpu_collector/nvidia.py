@@ -27,8 +27,6 @@ from .values import (
     parse_recovery_action,
 )
 
-# ------------------------------------------------------------------ NVIDIA fields
-
 
 class FieldSpec(NamedTuple):
     fields: tuple[str, ...]  # candidates, first present value wins

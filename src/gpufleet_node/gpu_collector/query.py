@@ -24,8 +24,6 @@ from .nvidia import (
 from .run import Deadline, _checked, run_command
 from .state import load_json, log, save_json
 
-# ---------------------------------------------------------------------- NVIDIA I/O
-
 
 def binary_identity(path: str) -> str:
     try:
@@ -83,7 +81,7 @@ def query_nvidia_gpus(nvidia_smi: str, memory: FieldMemory, deadline: Deadline) 
         argv = [nvidia_smi, "--query-gpu=" + ",".join(memory.fields()), "--format=csv,nounits"]
         result = run_command(argv, deadline.left())
         stdout = _checked(result, "nvidia-smi --query-gpu")
-        if result.rc == 0:
+        if result.error is None:
             return stdout
         bad = invalid_fields(stdout + result.stderr)
         if bad:
@@ -95,7 +93,7 @@ def query_nvidia_gpus(nvidia_smi: str, memory: FieldMemory, deadline: Deadline) 
         if has_gpu_rows(stdout):
             return stdout  # partial answer (e.g. one GPU lost): keep the healthy ones
         detail = (stdout + result.stderr).strip().splitlines()[:1]
-        raise CollectorError("exit_code", f"rc={result.rc} {detail}")
+        raise CollectorError("exit_code", f"rc={result.returncode} {detail}")
     raise CollectorError("invalid_field")
 
 
@@ -114,8 +112,8 @@ def query_compute_apps(nvidia_smi: str, deadline: Deadline) -> list[ComputeApp]:
     ]
     result = run_command(argv, deadline.left())
     stdout = _checked(result, "nvidia-smi --query-compute-apps")
-    if result.rc != 0:
-        raise CollectorError("exit_code", f"compute-apps rc={result.rc}")
+    if result.error is not None:
+        raise CollectorError("exit_code", f"compute-apps rc={result.returncode}")
     return parse_compute_apps(stdout)
 
 
@@ -126,15 +124,15 @@ def query_amd(args: argparse.Namespace, deadline: Deadline) -> list[GpuData]:
             argv = [args.amd_smi_resolved, sub, "--json"]
             result = run_command(argv, deadline.left(), AMD_MAX_BYTES)
             stdout = _checked(result, f"amd-smi {sub}")
-            if result.rc != 0:
-                raise CollectorError("exit_code", f"amd-smi {sub} rc={result.rc}")
+            if result.error is not None:
+                raise CollectorError("exit_code", f"amd-smi {sub} rc={result.returncode}")
             docs.append(_load_json_text(stdout))
         return checked_gpu_list(parse_amd_smi(docs[0], docs[1]))
     argv = [args.rocm_smi_resolved, *ROCM_SMI_ARGS]
     result = run_command(argv, deadline.left(), AMD_MAX_BYTES)
     stdout = _checked(result, "rocm-smi")
-    if result.rc != 0:
-        raise CollectorError("exit_code", f"rocm-smi rc={result.rc}")
+    if result.error is not None:
+        raise CollectorError("exit_code", f"rocm-smi rc={result.returncode}")
     return checked_gpu_list(parse_rocm_smi(_load_json_text(stdout)))
 
 

@@ -10,8 +10,6 @@ from typing import Any
 from .collect import Collector
 from .state import log
 
-# ---------------------------------------------------------------- systemd notify
-
 
 def notify_address(value: str) -> bytes | None:
     """$NOTIFY_SOCKET -> an AF_UNIX address: a path, or '@name' in the abstract

@@ -11,7 +11,6 @@ from typing import NamedTuple
 from .model import STATE_MAX_BYTES
 from .nvidia import ComputeApp
 
-# ------------------------------------------------------------ Slurm attribution
 #
 # A GPU process's Slurm job comes from its cgroup path, which slurmstepd (root)
 # creates and the job's user cannot choose. One line of /proc/PID/cgroup is

@@ -12,8 +12,6 @@ from typing import Any
 from .run import write_atomic
 from .slurm import _read_text
 
-# ------------------------------------------------------------------- state files
-
 
 def load_json(path: str | None) -> dict[str, Any]:
     """A state file's JSON object; {} if absent, unreadable, not JSON or not an object."""

@@ -8,8 +8,6 @@ from typing import Any
 
 from .model import MAX_FIELD_CHARS
 
-# ------------------------------------------------------------------ value parsing
-
 # Tokens nvidia-smi/amd-smi print instead of a value; any "[...]" token counts too.
 ABSENT_TOKENS = frozenset({"", "n/a", "na", "not supported", "unknown error", "none reported"})
 BOOL_TRUE = frozenset({"enabled", "yes", "active", "on", "true"})

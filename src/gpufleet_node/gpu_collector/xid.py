@@ -13,8 +13,6 @@ from .run import run_command
 from .slurm import _read_text
 from .state import log
 
-# ------------------------------------------------------------------- XID sources
-
 
 def read_xid_file(path: str, state: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
     """New complete lines since the stored offset (restart if rotated/truncated).
@@ -44,12 +42,12 @@ def read_xid_journald(state: dict[str, Any], timeout: float) -> tuple[list[str],
         log(f"kernel log backlog over {JOURNAL_MAX_BYTES} bytes: only its newest lines are read")
     # journalctl -b exits 1 with no output when this boot has no kernel entries yet
     # (seen in containers): nothing new, not a failure.
-    if result.rc == 1 and not result.stdout.strip():
+    if result.returncode == 1 and not result.stdout.strip():
         # A cursor the journal no longer knows (vacuumed, new machine-id) is dropped.
         stale = "cursor" in result.stderr.lower()
         return [], {"cursor": None if stale else state.get("cursor")}
-    if result.rc is None or result.rc != 0:
-        raise CollectorError("exec_error", f"journalctl rc={result.rc}")
+    if result.error is not None:
+        raise CollectorError("exec_error", f"journalctl rc={result.returncode}")
     lines, cursor = [], state.get("cursor")
     for line in result.stdout.splitlines():
         if line.startswith("-- cursor: "):

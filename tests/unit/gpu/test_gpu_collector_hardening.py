@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from gpu_helpers import COLLECTOR_ZIPAPP, gc, names_of, values_of
 
+from gpufleet_node.commands import BoundedBuffer
 from gpufleet_node.gpu_collector import collect, xid
 
 GPU_SERIES = ("node_gpu_info", "node_gpu_devices", "node_gpu_power_draw_watts")
@@ -197,22 +198,25 @@ def test_run_command_stops_reading_at_the_limit():
     start = time.monotonic()
     result = gc.run_command(["yes", "0, GPU-a, 40"], 10, max_bytes=100_000)
     assert time.monotonic() - start < 5
-    assert result.truncated and result.rc is None
-    assert len(result.stdout) == 100_000
+    # The shared runner: killed at the limit, nothing of the cut answer is handed on.
+    assert result.error == "output_limit" and not result.truncated
+    assert result.stdout == ""
+    with pytest.raises(gc.CollectorError, match="output_too_large"):
+        gc._checked(result, "yes")
 
 
 def test_bounded_buffer_head_and_tail():
-    head = gc.BoundedBuffer(10)
+    head = BoundedBuffer(10)
     head.add(b"0123456789abc")
     assert head.overflow and head.text() == "0123456789"
-    tail = gc.BoundedBuffer(10, tail=True)
+    tail = BoundedBuffer(10, tail=True)
     for _ in range(20):
         tail.add(b"line\n")
     assert tail.overflow and tail.text() == "line\nline\n"
-    small = gc.BoundedBuffer(10, tail=True)
+    small = BoundedBuffer(10, tail=True)
     small.add(b"a\nb\n")
     assert not small.overflow and small.text() == "a\nb\n"
-    cut = gc.BoundedBuffer(5, tail=True)
+    cut = BoundedBuffer(5, tail=True)
     cut.add(b"abcdefghij\nxy\n")
     assert cut.text() == "xy\n"  # never the cut line "j"
 

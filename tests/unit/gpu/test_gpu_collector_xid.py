@@ -101,7 +101,7 @@ def test_journald_cursor_is_passed_and_kept(monkeypatch):
     def fake_run(argv, timeout, *_bounds, **_kw):
         seen.append(argv)
         out = "NVRM: Xid (PCI:0000:3b:00): 31, pid=1, MMU Fault\n-- cursor: s=abc;i=2\n"
-        return gc.CommandResult(0, out, "")
+        return gc.CommandResult(out, 0.0, None, "", 0)
 
     monkeypatch.setattr(xid, "run_command", fake_run)
     lines, position = gc.read_xid_journald({"cursor": "s=abc;i=1"}, 5)
