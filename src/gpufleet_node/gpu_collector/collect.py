@@ -6,7 +6,9 @@ import argparse
 import os
 import shutil
 import time
+from pathlib import Path
 
+from ..exposition import write_textfile
 from .health import pci_map_of, with_minor_numbers, xid_samples
 from .metrics import (
     compute_app_samples,
@@ -18,7 +20,7 @@ from .metrics import (
 from .model import JOURNAL_RESERVE_SECONDS, CollectorError, GpuData, Sample
 from .nvidia import nvidia_gpus_and_notes
 from .query import FieldMemory, binary_identity, query_amd, query_compute_apps, query_nvidia_gpus
-from .run import Deadline, write_atomic
+from .run import Deadline
 from .slurm import SluidResolver, _read_text, job_of_pid, jobs_by_gpu
 from .state import load_xid_state, log, save_json
 from .xid import collect_xids
@@ -145,5 +147,6 @@ class Collector:
             self.last_success,
             error.reason if error else None,
         )
-        write_atomic(self.output, render_metrics(samples + extra + health), durable=False)
+        text = render_metrics(samples + extra + health)
+        write_textfile(Path(self.output), text, durable=False)
         return error is None

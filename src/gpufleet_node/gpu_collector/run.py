@@ -1,46 +1,12 @@
-"""Bounded tool runs (the shared runner) within the cycle's deadline; atomic writes."""
+"""Bounded tool runs (the shared runner) within the cycle's deadline."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
 
 from .. import commands
 from ..commands import CommandResult
 from .model import KILL_GRACE_SECONDS, NVIDIA_MAX_BYTES, CollectorError
-
-
-def write_atomic(path: str, text: str, durable: bool = True) -> None:
-    """tmp file in the same directory + os.replace: readers never see half a file.
-
-    ``durable`` also fsyncs file and directory, for state that must survive a crash
-    (XID counters). The textfile is not: it is rewritten every cycle, and a new
-    cycle starts seconds after a reboot. The tmp name does not end in .prom, so
-    node_exporter's *.prom glob ignores it.
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fchmod(fd, 0o644)  # whatever the umask
-            if durable:
-                os.fsync(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    if durable:
-        with contextlib.suppress(OSError):
-            dir_fd = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
 
 
 def run_command(

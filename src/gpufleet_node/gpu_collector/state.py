@@ -7,9 +7,10 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from .run import write_atomic
+from ..exposition import write_textfile
 from .slurm import _read_text
 
 
@@ -107,7 +108,7 @@ def save_json(path: str | None, data: dict[str, Any]) -> None:
         return
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_atomic(path, json.dumps(data, sort_keys=True))
+        write_textfile(Path(path), json.dumps(data, sort_keys=True))
     except OSError as exc:
         log(f"cannot write state {path}: {exc}")
 

@@ -308,7 +308,7 @@ def test_field_memory_resets_when_the_binary_changes(tmp_path):
 
 def test_atomic_write(tmp_path, monkeypatch):
     target = tmp_path / "gpufleet_gpu.prom"
-    gc.write_atomic(str(target), "old 1\n")
+    gc.write_textfile(target, "old 1\n", durable=False)
     assert target.read_text() == "old 1\n"
     assert oct(target.stat().st_mode & 0o777) == "0o644"
 
@@ -317,7 +317,7 @@ def test_atomic_write(tmp_path, monkeypatch):
 
     monkeypatch.setattr(gc.os, "replace", broken_replace)
     with pytest.raises(OSError):
-        gc.write_atomic(str(target), "new 1\n")
+        gc.write_textfile(target, "new 1\n", durable=False)
     assert target.read_text() == "old 1\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpufleet_gpu.prom"]
 
