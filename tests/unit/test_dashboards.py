@@ -146,7 +146,7 @@ def known_metrics() -> set[str]:
     for path in RULES.glob("*.yml"):
         for group in yaml.safe_load(path.read_text())["groups"]:
             known |= {rule["record"] for rule in group["rules"] if "record" in rule}
-    collector = (ROOT / "roles/gpu_collector/files/gpufleet_gpu_collector.py").read_text()
+    collector = (ROOT / "src/gpufleet_node/gpu_collector/model.py").read_text()
     families = re.search(r"FAMILIES: dict\[.*?\] = \{(.*?)\n\}", collector, re.S).group(1)
     known |= {"node_gpu_" + name for name in re.findall(r'^    "(\w+)": \(', families, re.M)}
     dcgm = ROOT / "roles/dcgm_exporter/templates/dcgm-counters.csv.j2"
