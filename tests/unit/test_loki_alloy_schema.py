@@ -16,14 +16,11 @@ from typing import Any
 
 import pytest
 import yaml
+from config_schema import schema_problems
 from render_role import render
 
 # ------------------------------------------------------------------ Loki
 
-# Prometheus durations (model.Duration: limits_config) and Go durations (time.Duration:
-# server, compactor), as the reference's <duration> and the flag defaults use them.
-PROM_DURATION = re.compile(r"(\d+y)?(\d+w)?(\d+d)?(\d+h)?(\d+m)?(\d+s)?(\d+ms)?")
-GO_DURATION = re.compile(r"(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+")
 KV_STORES = ("inmemory", "consul", "etcd", "memberlist", "multi")
 OBJECT_STORES = ("filesystem", "s3", "gcs", "azure", "swift", "bos", "cos", "alibabacloud")
 
@@ -102,38 +99,6 @@ LOKI_SCHEMA: dict[str, Any] = {
     },
     "analytics": {"reporting_enabled": "bool"},
 }
-
-SCALARS = {
-    "bool": lambda v: isinstance(v, bool),
-    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
-    "string": lambda v: isinstance(v, str),
-    "date": lambda v: re.fullmatch(r"\d{4}-\d{2}-\d{2}", str(v)) is not None,
-    "prom_duration": lambda v: isinstance(v, str) and v != "" and PROM_DURATION.fullmatch(v),
-    "go_duration": lambda v: isinstance(v, str) and GO_DURATION.fullmatch(v) is not None,
-}
-
-
-def schema_problems(value: Any, schema: Any, path: str = "") -> list[str]:
-    """Where value strays from schema: unknown keys, wrong types, values not allowed."""
-    if isinstance(schema, dict):
-        if not isinstance(value, dict):
-            return [f"{path}: a mapping is documented, got {value!r}"]
-        problems = [f"{path}.{key}: not a documented key" for key in value if key not in schema]
-        for key in value.keys() & schema.keys():
-            problems += schema_problems(value[key], schema[key], f"{path}.{key}")
-        return problems
-    if isinstance(schema, list):
-        if not isinstance(value, list):
-            return [f"{path}: a list is documented, got {value!r}"]
-        return [
-            p
-            for i, item in enumerate(value)
-            for p in schema_problems(item, schema[0], f"{path}[{i}]")
-        ]
-    if isinstance(schema, tuple):
-        return [] if value in schema else [f"{path}: {value!r} is not one of {schema}"]
-    return [] if SCALARS[schema](value) else [f"{path}: {value!r} is not a {schema}"]
 
 
 def loki_problems(cfg: dict) -> list[str]:
