@@ -242,11 +242,9 @@ def test_upstream_release_is_the_only_download_and_verify() -> None:
         for path in ROLES.glob("*/tasks/*.yml")
         if re.search(r"\b(get_url|checksum):", path.read_text())
     }
-    # dcgm_exporter fetches NVIDIA's repository key (pinned by fingerprint) itself.
     assert downloads == {
         "upstream_release/tasks/main.yml",
         "upstream_release/tasks/repository_key.yml",
-        "dcgm_exporter/tasks/repository_key.yml",
     }
 
 
@@ -259,6 +257,12 @@ CALLERS = [
     ("alloy", "install.yml", ["alloy", "alloy_install"], None),
     ("grafana", "install_package.yml", ["grafana", "grafana_install"], None),
     ("grafana", "install_repository.yml", ["grafana", "grafana_install"], "repository_key"),
+    (
+        "dcgm_exporter",
+        "install_package.yml",
+        ["dcgm_exporter", "dcgm_exporter_install"],
+        "repository_key",
+    ),
 ]
 
 
