@@ -1,8 +1,9 @@
 """Build a node program as one reproducible single-file zipapp.
 
 ``python -m gpufleet_node.build OUTPUT [--app slurm_exporter]`` writes OUTPUT: a
-``#!/usr/bin/python3`` line and a zip of this package's modules (sorted, fixed timestamps and
-modes, stored uncompressed, no ``__pycache__``), whose ``__main__`` runs the app. The same
+``#!/usr/bin/python3`` line and a zip of this package's modules (the ones git tracks, in a
+checkout; sorted, fixed timestamps and modes, stored uncompressed, no ``__pycache__``),
+whose ``__main__`` runs the app. The same
 source gives the same bytes on any controller (no zlib version in the output), so the
 copy to the nodes stays ``changed=0`` on reruns. OUTPUT is replaced atomically and only
 when its bytes change.
@@ -14,6 +15,7 @@ import argparse
 import hashlib
 import io
 import os
+import subprocess
 import sys
 import tempfile
 import zipfile
@@ -27,11 +29,39 @@ ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can hold
 EXCLUDE = ("build.py",)
 
 
+def _tracked(package: Path) -> list[Path] | None:
+    """The package's ``*.py`` files that git tracks; None outside a git checkout.
+
+    A scratch module or a stray copy left in a developer's tree is not shipped to the
+    nodes. A checkout that tracks none of them (the package copied into some other
+    repository) counts as no checkout.
+    """
+    try:
+        listed = subprocess.run(
+            ["git", "-C", str(package), "ls-files", "-z", "--", "*.py"],
+            capture_output=True,
+            check=True,
+            timeout=60,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    # Tracked but deleted in the working tree: not part of what is built.
+    found = [package / os.fsdecode(name) for name in listed.split(b"\0") if name]
+    found = [path for path in found if path.is_file()]
+    return found or None
+
+
 def sources(package: Path = PACKAGE) -> list[Path]:
-    """The package's modules, in a fixed order, relative to the package's parent."""
+    """The package's modules, in a fixed order, relative to the package's parent.
+
+    In a git checkout, the tracked ones; otherwise (an sdist, a copy) every one.
+    """
+    candidates = _tracked(package)
+    if candidates is None:
+        candidates = list(package.rglob("*.py"))
     found = [
         path.relative_to(package.parent)
-        for path in package.rglob("*.py")
+        for path in candidates
         if "__pycache__" not in path.parts and path.name not in EXCLUDE
     ]
     return sorted(found, key=lambda p: p.as_posix())

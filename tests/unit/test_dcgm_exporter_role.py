@@ -500,21 +500,33 @@ def test_preflight_refuses_a_malformed_fingerprint() -> None:
         assert pin_check("Debian", {"dcgm_exporter_repo_key_fingerprint": pins})[0] is False
 
 
+def key_include() -> dict:
+    """The role's include of the shared repository_key task file."""
+    tasks = role_tasks("install_package.yml")
+    return task_named(tasks, "Install the repository signing key")
+
+
 def test_each_host_gets_its_families_key_url_and_normalized_pin() -> None:
+    passed = key_include()["vars"]
     for system, key_file, distro in (
         ("Debian", "3bf863cc.pub", "debian12"),
         ("Ubuntu", "3bf863cc.pub", "ubuntu2404"),
         ("EL", "D42D0685.pub", "rhel9"),
     ):
+        facts = {**FACTS[system], "architecture": "aarch64"}
+        values = {
+            "ansible_facts": facts,
+            "dcgm_exporter_download_dir": "/cache",
+            "dcgm_exporter_repo_key_fingerprint": SPACED_PINS,
+        }
+        # What the role passes, then what the shared task file makes of it.
+        given = {
+            name: template_value("dcgm_exporter", value, "gpu001", values)
+            for name, value in passed.items()
+            if name != "upstream_release_key_dest"
+        }
         key = evaluate(
-            "dcgm_exporter",
-            "_dcgm_exporter_key",
-            "gpu001",
-            {
-                "ansible_facts": {**FACTS[system], "architecture": "aarch64"},
-                "dcgm_exporter_download_dir": "/cache",
-                "dcgm_exporter_repo_key_fingerprint": SPACED_PINS,
-            },
+            "upstream_release", "_upstream_release_key", "gpu001", {**given, "ansible_facts": facts}
         )
         base = "https://developer.download.nvidia.com/compute/cuda/repos"
         assert key["url"] == f"{base}/{distro}/sbsa/{key_file}"
@@ -528,61 +540,68 @@ def test_each_host_gets_its_families_key_url_and_normalized_pin() -> None:
         assert key["verified"] == f"{download}.{PINS[key_file]}.asc"
 
 
-def test_install_tasks_pin_the_key_with_the_select_filter() -> None:
-    key_tasks = role_tasks("repository_key.yml")
-    (controller,) = [task for task in key_tasks if "block" in task]
-    assert controller["run_once"] is True
-    assert controller["delegate_to"] == "localhost"
-    assert controller["check_mode"] is False
-    download = task_named(key_tasks, "Download the repository key files")["ansible.builtin.get_url"]
-    assert download["force"] is True, "a re-published key file must be fetched again"
-    assert "checksum" not in download
-    assert (download["url"], download["dest"]) == ("{{ item.url }}", "{{ item.download }}")
-    keep = task_named(key_tasks, "Keep only the key with the pinned fingerprint")
-    content = keep["ansible.builtin.copy"]["content"]
-    assert "lookup('ansible.builtin.file', item.download)" in content
-    assert "| gpufleet_openpgp_select(item.pin)" in content
-    assert keep["ansible.builtin.copy"]["dest"] == "{{ item.verified }}"
-    assert "Nothing was changed on the hosts" in str(controller["rescue"])
-    install = task_named(role_tasks("install_package.yml"), "Install the repository signing key")
-    assert install["ansible.builtin.copy"]["src"] == "{{ __dcgm_exporter_key.verified }}"
-    assert install["ansible.builtin.copy"]["dest"] == "{{ __dcgm_exporter_repo.key_dest }}"
-    imported = [t.get("ansible.builtin.import_tasks") for t in role_tasks("install_package.yml")]
-    assert imported.index("repository_key.yml") < [
-        t["name"] for t in role_tasks("install_package.yml")
-    ].index("Install the repository signing key")
+def test_the_key_is_pinned_by_the_shared_task_file() -> None:
+    include = key_include()
+    assert include["ansible.builtin.include_role"]["name"] == "upstream_release"
+    assert include["ansible.builtin.include_role"]["tasks_from"] == "repository_key"
+    assert include["vars"]["upstream_release_key_dest"] == "{{ __dcgm_exporter_repo.key_dest }}"
+    assert include["when"] == "dcgm_exporter_manage_repo | bool"
+    names = [task["name"] for task in role_tasks("install_package.yml")]
+    assert names.index("Resolve the repository of this host") < names.index(
+        "Install the repository signing key"
+    )
+    assert not (ROLE / "tasks" / "repository_key.yml").exists()
 
 
-# The controller half of the role, run for real against key files gpg made, served from
-# file:// URLs: one "repository" with the pinned key and an intruder, one mirror.
+# The controller half of the key handling, run for real against key files gpg made,
+# served from file:// URLs: one "repository" with the pinned key and an intruder, one
+# mirror. The play runs the role's own tasks (the repository and the include of the
+# shared task file), with the key's destination on the host moved under the test's
+# directory.
 KEY_PLAYBOOK = """
 - name: Fetch and verify the CUDA repository key as the role does
   hosts: all
   gather_facts: true
   gather_subset: [min]
+  vars_files: [{vars_file}]
   tasks:
     - name: Publish the key file where the role will look for it
       when: published_key is defined
       vars:
-        path: "{{ _dcgm_exporter_key_url | regex_replace('^file://', '') }}"
+        path: "{{{{ _dcgm_exporter_key_url | regex_replace('^file://', '') }}}}"
       block:
         - name: Create the repository directory
           ansible.builtin.file:
-            path: "{{ path | dirname }}"
+            path: "{{{{ path | dirname }}}}"
             state: directory
             mode: "0755"
 
         - name: Copy the key file
           ansible.builtin.copy:
-            src: "{{ published_key }}"
-            dest: "{{ path }}"
+            src: "{{{{ published_key }}}}"
+            dest: "{{{{ path }}}}"
             mode: "0644"
 
-    - name: Fetch and verify
-      ansible.builtin.import_role:
-        name: dcgm_exporter
-        tasks_from: repository_key.yml
+{resolve}
+
+    - name: Move the key's destination on the host under the test's directory
+      ansible.builtin.set_fact:
+        __dcgm_exporter_repo: "{{{{ __dcgm_exporter_repo | combine({{'key_dest': key_dest}}) }}}}"
+
+{install}
 """
+
+
+def key_playbook(path: Path) -> Path:
+    tasks = role_tasks("install_package.yml")
+    resolve, install = (
+        textwrap.indent(yaml.safe_dump([task_named(tasks, name)], sort_keys=False), "    ")
+        for name in ("Resolve the repository of this host", "Install the repository signing key")
+    )
+    path.write_text(
+        KEY_PLAYBOOK.format(vars_file=ROLE / "vars" / "main.yml", resolve=resolve, install=install)
+    )
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -605,8 +624,8 @@ def signing_keys() -> Iterator[list[tuple[str, str]]]:
 
 
 def task_results(output: str, task: str) -> list[str]:
-    """The per-host (and per-item) result lines of one task of the role."""
-    section = output.split(f"TASK [dcgm_exporter : {task}]", 1)[1]
+    """The per-host (and per-item) result lines of one task (of the play or a role)."""
+    section = re.split(rf"TASK \[(?:\w+ : )?{re.escape(task)}\]", output, maxsplit=1)[1]
     section = re.split(r"\n(?:TASK \[|PLAY RECAP|RUNNING HANDLER)", section, maxsplit=1)[0]
     return re.findall(r"^(?:ok|changed|failed|fatal|skipping): .*$", section, re.M)
 
@@ -619,7 +638,12 @@ def test_controller_keeps_only_the_pinned_key_once_per_url(signing_keys, tmp_pat
     (published / "pinned.asc").write_text(pinned_key)
     cache = tmp_path / "cache"
     pins = {"3bf863cc.pub": pinned.lower(), "D42D0685.pub": pinned}
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
     common = {
+        # The role's defaults, as inventory values here (the play loads no role).
+        **{
+            name: defaults[name] for name in ("dcgm_exporter_manage_repo", "dcgm_exporter_repo_url")
+        },
         "dcgm_exporter_download_dir": str(cache),
         "dcgm_exporter_repo_key_fingerprint": pins,
     }
@@ -631,9 +655,10 @@ def test_controller_keeps_only_the_pinned_key_once_per_url(signing_keys, tmp_pat
         "node_m": {**common, **mirror, "published_key": str(published / "pinned.asc")},
         "node_unmanaged": {**common, "dcgm_exporter_manage_repo": False},
     }
+    for name, host in hosts.items():
+        host["key_dest"] = str(tmp_path / f"{name}.asc")
     inventory = write_inventory(tmp_path / "inventory.yml", hosts)
-    playbook = tmp_path / "key.yml"
-    playbook.write_text(KEY_PLAYBOOK)
+    playbook = key_playbook(tmp_path / "key.yml")
 
     def play(inventory: Path = inventory) -> tuple[int, str]:
         return ansible_playbook(tmp_path, "-i", str(inventory), str(playbook), timeout=300)
@@ -644,7 +669,7 @@ def test_controller_keeps_only_the_pinned_key_once_per_url(signing_keys, tmp_pat
     assert len(downloads) == 2, "one download per distinct URL"
     assert all(line.startswith("changed: [") for line in downloads), downloads
     assert "skipping: [node_unmanaged]" in task_results(
-        output, "Resolve the repository key of this host"
+        output, "Install the repository signing key"
     )
     verified = sorted(cache.glob(f"*.{pinned}.asc"))
     assert ["_mirror_" in path.name for path in verified] == [True, False]
@@ -654,6 +679,10 @@ def test_controller_keeps_only_the_pinned_key_once_per_url(signing_keys, tmp_pat
     downloaded = [path for path in cache.iterdir() if not path.name.endswith(".asc")]
     assert sorted(len(gpg_fingerprints(path.read_text())) for path in downloaded) == [1, 2]
     kept = {path: path.read_bytes() for path in verified}
+    # Each managed host got the verified key alone; the unmanaged one nothing.
+    for name in ("node_a", "node_b", "node_m"):
+        assert gpg_fingerprints((tmp_path / f"{name}.asc").read_text()) == [pinned]
+    assert not (tmp_path / "node_unmanaged.asc").exists()
 
     # Nothing new: nothing changes.
     rc, output = play()
@@ -682,6 +711,7 @@ def test_controller_keeps_only_the_pinned_key_once_per_url(signing_keys, tmp_pat
     assert f"holds no key with fingerprint {intruder}; it holds {pinned}" in flat
     assert "/mirror/" in flat and "Nothing was changed on the hosts" in flat
     assert not list(cache.glob(f"*.{intruder}.asc")), "no verified file for a refused key"
+    assert gpg_fingerprints((tmp_path / "node_m.asc").read_text()) == [pinned]
 
 
 # --- counters file -------------------------------------------------------------------

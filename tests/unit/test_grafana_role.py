@@ -449,3 +449,37 @@ def test_preflight_wants_a_whole_fingerprint_for_the_repository(fingerprint, ok)
     ]
     values = {**SECRETS, "grafana_repository_key_fingerprint": fingerprint}
     assert evaluate("grafana", task["ansible.builtin.assert"]["that"], "mon03", values) is ok
+
+
+@pytest.mark.parametrize(
+    ("machine", "arch"), [("x86_64", "amd64"), ("aarch64", "arm64"), ("armv7l", "armhf")]
+)
+def test_the_apt_source_names_the_hosts_architecture(machine, arch):
+    # The architecture comes from upstream_release's one map, with the names grafana
+    # passes to its repository_key entry (Debian spells 32-bit ARM armhf).
+    tasks = yaml.safe_load((ROLES / "grafana/tasks/install_repository.yml").read_text())
+    (include,) = [t for t in tasks if "ansible.builtin.include_role" in t]
+    facts = {"os_family": "Debian", "architecture": machine}
+    resolved = evaluate(
+        "upstream_release",
+        "_upstream_release_arch",
+        "mon03",
+        {"ansible_facts": facts, **include["vars"]},
+    )
+    assert resolved == arch
+    source = render(
+        "grafana",
+        "grafana.sources.j2",
+        "mon03",
+        {"ansible_facts": facts, "upstream_release_repository_arch": resolved},
+    )
+    # Byte for byte what converged hosts have (no change, no cache refresh on upgrade).
+    lines = [line for line in source.splitlines() if line and not line.startswith("#")]
+    assert lines == [
+        "Types: deb",
+        "URIs: https://apt.grafana.com",
+        "Suites: stable",
+        "Components: main",
+        f"Architectures: {arch}",
+        "Signed-By: /etc/apt/keyrings/grafana.asc",
+    ]

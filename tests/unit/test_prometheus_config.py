@@ -143,3 +143,33 @@ def test_each_config_passes_promtool(tmp_path: Path, mode):
         timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def job(mode: str, name: str, overrides: dict | None = None) -> dict:
+    (found,) = [j for j in config(mode, overrides)["scrape_configs"] if j["job_name"] == name]
+    return found
+
+
+@pytest.mark.parametrize("mode", ["shard", "standalone"])
+def test_the_ipmi_job_waits_for_slow_bmcs(mode):
+    # An IPMI scrape asks the BMC for every sensor: the global 15 s / 10 s would time out.
+    ipmi = job(mode, "ipmi")
+    assert (ipmi["scrape_interval"], ipmi["scrape_timeout"]) == ("60s", "30s")
+    # Other jobs keep the global interval and timeout; slurm keeps its honor_labels.
+    assert "scrape_interval" not in job(mode, "node")
+    assert "scrape_timeout" not in job(mode, "node")
+    assert job(mode, "slurm")["honor_labels"] is True
+
+
+def test_the_site_overrides_a_registry_job_setting():
+    settings = {"prometheus_job_settings": {"ipmi": {"scrape_interval": "2m"}}}
+    ipmi = job("shard", "ipmi", settings)
+    assert (ipmi["scrape_interval"], ipmi["scrape_timeout"]) == ("2m", "30s")
+
+
+def test_registry_job_settings_reach_any_job():
+    registry = yaml.safe_load((ROLES / "exporters" / "defaults" / "main.yml").read_text())
+    entries = registry["exporters_registry"]
+    entries["node"] = {**entries["node"], "job_settings": {"scrape_timeout": "12s"}}
+    node = job("shard", "node", {"exporters_registry": entries})
+    assert node["scrape_timeout"] == "12s"

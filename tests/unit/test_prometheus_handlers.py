@@ -20,8 +20,19 @@ INSTANCES = [
 ]
 
 
+def units(*absent: str) -> dict:
+    """What the handlers' unit lookup registers: every unit there but the absent ones."""
+    results = [{"item": i, "stat": {"exists": i["name"] not in absent}} for i in INSTANCES]
+    return {"results": results}
+
+
 def names(handler: str, **facts) -> list[str]:
-    values = {"prometheus_instances": INSTANCES, "__prometheus_started": {"results": []}, **facts}
+    values = {
+        "prometheus_instances": INSTANCES,
+        "__prometheus_started": {"results": []},
+        "__prometheus_unit_files": units(),
+        **facts,
+    }
     loop = template_value("prometheus", HANDLERS[handler]["loop"], "mon03", values)
     return [instance["name"] for instance in loop]
 
@@ -69,3 +80,26 @@ def test_a_new_binary_restarts_every_running_instance_and_nothing_else_runs():
         "Reload the Prometheus instances whose configuration or rules changed",
     ):
         assert "__prometheus_restarted_all is not defined" in HANDLERS[name]["when"]
+
+
+def test_instances_without_a_unit_are_neither_restarted_nor_reloaded():
+    # --tags prometheus_install on a fresh host: the new binary notifies the restart,
+    # but the configure tasks that write the units were skipped.
+    facts = {
+        "__prometheus_unit_files": units("shard-0", "shard-1", "global"),
+        "__prometheus_restart_names": ["global"],
+        "__prometheus_reload_names": ["global"],
+    }
+    for handler in HANDLERS:
+        if "loop" in HANDLERS[handler] and "systemd_service" in str(HANDLERS[handler]):
+            assert names(handler, **facts) == [], handler
+    assert names("Restart every Prometheus instance", __prometheus_unit_files=units("shard-1")) == [
+        "shard-0",
+        "global",
+    ]
+    lookup = HANDLERS["Look for the Prometheus instances' units"]
+    assert list(HANDLERS).index("Look for the Prometheus instances' units") < list(HANDLERS).index(
+        "Restart every Prometheus instance"
+    )
+    restarts = {"restart prometheus", "restart prometheus instances", "reload prometheus"}
+    assert set(lookup["listen"]) == restarts

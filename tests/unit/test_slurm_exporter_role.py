@@ -8,6 +8,7 @@ command the role runs as `validate:`.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -150,3 +151,39 @@ def test_a_hostile_host_name_never_reaches_the_exporter_unchecked(tmp_path):
 def test_the_unit_names_the_node_map():
     unit = render(ROLE, "gpufleet-slurm-exporter.service.j2", HOST)
     assert "--node-map-file /etc/gpufleet/slurm-exporter/node-shards.json" in unit
+
+
+def test_a_configure_run_installs_the_exporter_it_validates_with(tmp_path):
+    # Right after an upgrade, --tags slurm_exporter_configure must check the new web
+    # config and node map with the new exporter, not the last release's (or none).
+    configure = yaml.safe_load((ROOT / "roles" / ROLE / "tasks" / "configure.yml").read_text())
+    validating = [t for t in configure if "validate" in str(t)]
+    assert validating
+    for task in validating:
+        module = task.get("ansible.builtin.template") or task["ansible.builtin.copy"]
+        assert "{{ _slurm_exporter_script }}" in module["validate"], task["name"]
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(
+        "- name: List\n  hosts: all\n  gather_facts: false\n  roles: [slurm_exporter]\n"
+    )
+    listed = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("ansible-playbook")),
+            *("-i", "localhost,", "--list-tasks", "--tags", "slurm_exporter_configure"),
+            str(playbook),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "ANSIBLE_ROLES_PATH": str(ROOT / "roles")},
+        check=True,
+    ).stdout
+    names = [
+        line.split(" : ", 1)[1].split("\t")[0] for line in listed.splitlines() if " : " in line
+    ]
+    assert names.index("Install the exporter") < names.index(
+        "Write the web configuration (TLS and basic auth)"
+    )
+    assert names.index("Install the exporter") < names.index(
+        "Write the node map (which Prometheus shard scrapes which node)"
+    )

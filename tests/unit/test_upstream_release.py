@@ -242,23 +242,31 @@ def test_upstream_release_is_the_only_download_and_verify() -> None:
         for path in ROLES.glob("*/tasks/*.yml")
         if re.search(r"\b(get_url|checksum):", path.read_text())
     }
-    # dcgm_exporter fetches NVIDIA's repository key (pinned by fingerprint) itself.
     assert downloads == {
         "upstream_release/tasks/main.yml",
         "upstream_release/tasks/repository_key.yml",
-        "dcgm_exporter/tasks/repository_key.yml",
     }
 
 
-@pytest.mark.parametrize(
-    ("role", "file", "tags", "entry"),
-    [
-        ("loki", "install.yml", ["loki", "loki_install"], None),
-        ("alloy", "install.yml", ["alloy", "alloy_install"], None),
-        ("grafana", "install_package.yml", ["grafana", "grafana_install"], None),
-        ("grafana", "install_repository.yml", ["grafana", "grafana_install"], "repository_key"),
-    ],
-)
+# Every role that includes upstream_release: (role, file, its install tags, tasks_from).
+CALLERS = [
+    ("node_exporter", "install_binary.yml", ["node_exporter", "node_exporter_install"], None),
+    ("prometheus", "install.yml", ["prometheus", "prometheus_install"], None),
+    ("alertmanager", "install.yml", ["alertmanager", "alertmanager_install"], None),
+    ("loki", "install.yml", ["loki", "loki_install"], None),
+    ("alloy", "install.yml", ["alloy", "alloy_install"], None),
+    ("grafana", "install_package.yml", ["grafana", "grafana_install"], None),
+    ("grafana", "install_repository.yml", ["grafana", "grafana_install"], "repository_key"),
+    (
+        "dcgm_exporter",
+        "install_package.yml",
+        ["dcgm_exporter", "dcgm_exporter_install"],
+        "repository_key",
+    ),
+]
+
+
+@pytest.mark.parametrize(("role", "file", "tags", "entry"), CALLERS)
 def test_callers_include_upstream_release_with_their_tags(role, file, tags, entry) -> None:
     (call,) = [t for t in tasks(role, file) if "ansible.builtin.include_role" in t]
     include = call["ansible.builtin.include_role"]
@@ -266,6 +274,16 @@ def test_callers_include_upstream_release_with_their_tags(role, file, tags, entr
     assert include.get("tasks_from") == entry
     # Without apply, a --tags run of the role would skip every included task.
     assert include["apply"]["tags"] == tags
+
+
+def test_every_caller_is_in_the_list_above() -> None:
+    callers = {
+        (path.parent.parent.name, path.name)
+        for path in ROLES.glob("*/tasks/*.yml")
+        if path.parent.parent.name != "upstream_release"
+        and re.search(r"name: upstream_release\b", path.read_text())
+    }
+    assert callers == {(role, file) for role, file, _, _ in CALLERS}
 
 
 def test_package_install_waits_for_the_verified_copy_and_is_check_mode_safe() -> None:

@@ -123,6 +123,22 @@ def test_wrong_checksum_fails_clearly_and_changes_nothing(host, tmp_path):
     assert main_pid(host) == pid_before
 
 
+def test_install_tag_on_a_fresh_host_installs_without_starting(host):
+    # A fresh host as far as node_exporter goes: no unit, no binary. The new binary
+    # notifies the restart, but the unit is written by the (skipped) configure step.
+    fresh = host.run(
+        "systemctl disable --now node_exporter.service"
+        f" && rm -f /etc/systemd/system/node_exporter.service {BINARY}"
+        " && systemctl daemon-reload"
+    )
+    assert fresh.rc == 0, fresh.stderr
+    result = converge(tags="node_exporter_install")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert host.file(BINARY).sha256sum == archived_binary_sha256()
+    assert not host.file("/etc/systemd/system/node_exporter.service").exists
+    assert not host.service("node_exporter").is_running
+
+
 def test_rerun_restores_the_converged_state(host):
     result = converge()
     assert result.returncode == 0, result.stdout[-3000:]

@@ -38,6 +38,51 @@ def test_the_same_source_gives_the_same_bytes(tmp_path):
     )
 
 
+def _git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def test_in_a_checkout_only_tracked_modules_are_packed(tmp_path):
+    pkg = _copy_package(tmp_path / "repo")
+    _git(tmp_path / "repo", "init", "-q")
+    _git(tmp_path / "repo", "add", "gpufleet_node")
+    tracked = build.archive("slurm_exporter", pkg)
+    # An untracked scratch module (and one in a new subpackage) is not shipped.
+    (pkg / "scratch.py").write_text("SECRET = 1\n")
+    (pkg / "tmp").mkdir()
+    (pkg / "tmp" / "notes.py").write_text("x = 1\n")
+    data = build.archive("slurm_exporter", pkg)
+    assert hashlib.sha256(data).hexdigest() == hashlib.sha256(tracked).hexdigest()
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        names = zf.namelist()
+    assert "gpufleet_node/scratch.py" not in names
+    assert "gpufleet_node/tmp/notes.py" not in names
+    assert "gpufleet_node/exposition.py" in names
+    # A tracked module deleted from the working tree is not packed either.
+    (pkg / "exposition.py").unlink()
+    assert "gpufleet_node/exposition.py" not in [p.as_posix() for p in build.sources(pkg)]
+
+
+def test_outside_a_checkout_every_module_is_packed(tmp_path):
+    pkg = _copy_package(tmp_path / "copy")
+    (pkg / "extra.py").write_text("x = 1\n")
+    assert Path("gpufleet_node/extra.py") in build.sources(pkg)
+
+
+def test_this_checkout_packs_what_git_tracks():
+    listed = subprocess.run(
+        ["git", "-C", str(build.PACKAGE), "ls-files", "--", "*.py"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    tracked = {f"gpufleet_node/{name}" for name in listed.stdout.split()}
+    tracked.discard("gpufleet_node/build.py")
+    assert {p.as_posix() for p in build.sources()} == tracked
+
+
 def test_a_source_change_changes_the_bytes(tmp_path):
     pkg = _copy_package(tmp_path / "b")
     (pkg / "exposition.py").write_text((pkg / "exposition.py").read_text() + "\n# changed\n")
