@@ -9,9 +9,11 @@ Compares, on the same nvidia-smi test double (H100 load capture replicated to 8 
   process's own CPU time (/proc/PID/schedstat) from one WATCHDOG=1 to the next, its
   sleep and the notification included (the double, a child, is not in it);
 - ``timer --once``: gpu_collector_mode timer, a process per cycle as the systemd timer
-  runs it (includes the interpreter start-up and compiling the script each time);
-- ``timer -m --once``: the same run as ``python3 -m gpufleet_gpu_collector`` from a
-  byte-compiled directory, so the compile step is cached;
+  runs it: the zipapp the role installs (interpreter start-up, and compiling the modules
+  each time: a zipapp holds no byte code);
+- ``timer -m --once``: the same run as ``python3 -m gpufleet_node.gpu_collector`` from a
+  byte-compiled copy of the package, so the compile step is cached;
+The service loop runs the zipapp too, as its unit does.
 - ``bash baseline``: bench/baseline_nvidia_smi_textfile.sh (one nvidia-smi call for six
   fields, read/echo), as cron runs it.
 
@@ -39,7 +41,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-COLLECTOR = REPO / "roles" / "gpu_collector" / "files" / "gpufleet_gpu_collector.py"
+PACKAGE = REPO / "src" / "gpufleet_node"
 FAKE_SMI = REPO / "tests" / "gpu" / "fake_nvidia_smi.py"
 BASELINE = REPO / "bench" / "baseline_nvidia_smi_textfile.sh"
 CAPTURE = (
@@ -161,19 +163,26 @@ def main() -> int:
     common += ["--state-dir", str(work / "state"), "--xid-source", "none"]
     lib = work / "lib"
     lib.mkdir()
-    (lib / COLLECTOR.name).write_bytes(COLLECTOR.read_bytes())
+    shutil.copytree(PACKAGE, lib / PACKAGE.name, ignore=shutil.ignore_patterns("__pycache__"))
+    collector = work / "gpufleet-gpu-collector.pyz"
+    subprocess.run(
+        [sys.executable, "-m", "gpufleet_node.build", "--app", "gpu_collector", str(collector)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )
     subprocess.run([opts.python, "-m", "compileall", "-q", str(lib)], check=True)
     module_env = {**os.environ, "PYTHONPATH": str(lib)}
     # Cycles 0.3 s apart: after each WATCHDOG=1 the loop sleeps, and is stopped there.
     loop = ServiceLoop(
-        [opts.python, str(COLLECTOR), *common, "--interval", "0.3"], work, os.environ
+        [opts.python, str(collector), *common, "--interval", "0.3"], work, os.environ
     )
     once = ["--once", *common]
     runs = {
         "service": loop.measure,
-        "once": lambda: measure_process([opts.python, str(COLLECTOR), *once], log),
+        "once": lambda: measure_process([opts.python, str(collector), *once], log),
         "module": lambda: measure_process(
-            [opts.python, "-m", COLLECTOR.stem, *once], log, module_env
+            [opts.python, "-m", "gpufleet_node.gpu_collector", *once], log, module_env
         ),
         "bash": lambda: measure_process(["bash", str(BASELINE), str(work / "out")], log),
     }
@@ -200,7 +209,7 @@ def main() -> int:
     print("CPU ms, excluding nvidia-smi (the double, shown in the last column)")
     print(f"{'':<34}{'user':>9}{'sys':>9}{'user+sys':>10}{'double (excl.)':>16}")
     print(summarize("service loop, one cycle (default)", results["service"], split=False))
-    print(summarize("timer --once (script)", results["once"]))
+    print(summarize("timer --once (zipapp)", results["once"]))
     print(summarize("timer -m --once (pyc)", results["module"]))
     print(summarize("bash baseline (cron)", results["bash"]))
     print(f"series written: collector {series}, baseline {base}")

@@ -1,8 +1,10 @@
-"""``gpufleet`` command: review the shard plan before a rollout.
+"""``gpufleet`` command: review the shard plan before a rollout; job and idle-GPU reports.
 
     gpufleet plan INVENTORY [--shards N] [--lock FILE] [--json]
     gpufleet plan --write-lock INVENTORY [--lock FILE] [--json]
     gpufleet plan --diff OLD NEW [--shards N] [--lock FILE] [--json]
+    gpufleet jobstats JOBID (--prometheus URL | -i INVENTORY) [--json]
+    gpufleet report idle --since 7d [--threshold 5] (--prometheus URL | -i INVENTORY) [--json]
 
 INVENTORY, OLD and NEW are node list files or inventory directories holding one. The
 shard lock is ``monitoring.shard_lock`` of the node list (of OLD with --diff), or FILE.
@@ -20,6 +22,7 @@ from typing import Any
 
 from gpufleet import hostlist
 from gpufleet.inventory import plan_shards, shard_table
+from gpufleet.jobstats import command as jobstats_command
 from gpufleet.nodelist import (
     NODE_LIST_SUFFIXES,
     Checker,
@@ -243,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--write-lock", action="store_true", help="write the plan to the shard lock file"
     )
     plan.add_argument("--json", action="store_true", help="machine-readable output")
+    jobstats_command.add_parsers(commands)
     return parser
 
 
@@ -306,11 +310,20 @@ def write_lock(node_list: NodeList) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        output = run_plan(args)
-    except NodeListError as err:
-        print(f"gpufleet: {err}", file=sys.stderr)
-        return EXIT_INVALID
+    code = EXIT_OK
+    if args.command in ("jobstats", "report"):
+        outcome = jobstats_command.run(args)
+        output, code = outcome.text, outcome.code
+        for line in outcome.stderr:
+            print(line, file=sys.stderr)
+        if not output:
+            return code
+    else:
+        try:
+            output = run_plan(args)
+        except NodeListError as err:
+            print(f"gpufleet: {err}", file=sys.stderr)
+            return EXIT_INVALID
     try:
         print(output, flush=True)
     except BrokenPipeError:
@@ -320,4 +333,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return EXIT_BROKEN_PIPE
-    return EXIT_OK
+    return code

@@ -35,6 +35,7 @@ class CommandResult:
     error: str | None  # None on success; else one of ERRORS
     stderr: str = ""
     returncode: int | None = None
+    truncated: bool = False  # keep_tail: older output was dropped (error stays None)
 
 
 Runner = Callable[[list[str], float], CommandResult]
@@ -45,36 +46,61 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+class BoundedBuffer:
+    """Collects a stream up to ``limit`` bytes: the first bytes (head) or the last
+    ones (tail, whole lines only). ``overflow`` tells that bytes were dropped."""
+
+    def __init__(self, limit: int, tail: bool = False) -> None:
+        self.limit = limit
+        self.tail = tail
+        self.data = bytearray()
+        self.overflow = False
+        self.mid_line = False  # tail: the kept bytes start inside a line
+
+    def add(self, chunk: bytes) -> None:
+        if self.tail:
+            self.data += chunk
+            if len(self.data) > 2 * self.limit:
+                self._trim()
+            return
+        room = self.limit - len(self.data)
+        self.data += chunk[: max(room, 0)]
+        self.overflow = self.overflow or len(chunk) > room
+
+    def _trim(self) -> None:
+        cut = len(self.data) - self.limit
+        self.mid_line = self.data[cut - 1] != ord("\n")
+        del self.data[:cut]
+        self.overflow = True
+
+    def text(self) -> str:
+        if self.tail and len(self.data) > self.limit:
+            self._trim()
+        start = self.data.find(b"\n") + 1 if self.mid_line else 0
+        return bytes(self.data[start:]).decode("utf-8", "replace")
+
+
 def _read_bounded(
-    proc: subprocess.Popen[bytes], deadline: float, max_output: int
-) -> tuple[bytes, bytes, str | None]:
-    """Read stdout and stderr until both close: (stdout, stderr head, error or None)."""
+    proc: subprocess.Popen[bytes], deadline: float, out: BoundedBuffer, err: BoundedBuffer
+) -> str | None:
+    """Read stdout and stderr until both close: None, or the error that stopped it
+    (a head-kept stdout over its limit stops the read; a tail-kept one never does)."""
     assert proc.stdout is not None and proc.stderr is not None
-    out = bytearray()
-    err = bytearray()
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ, out)
-    sel.register(proc.stderr, selectors.EVENT_READ, err)
-    try:
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ, out)
+        sel.register(proc.stderr, selectors.EVENT_READ, err)
         while sel.get_map():
             left = deadline - time.monotonic()
             if left <= 0:
-                return bytes(out), bytes(err), "timeout"
+                return "timeout"
             for key, _ in sel.select(timeout=left):
                 chunk = os.read(key.fd, _CHUNK)
                 if not chunk:
                     sel.unregister(key.fileobj)
-                    continue
-                buf: bytearray = key.data
-                if buf is out:
-                    out += chunk
-                    if len(out) > max_output:
-                        return bytes(out[:max_output]), bytes(err), "output_limit"
-                elif len(err) < MAX_STDERR:
-                    err += chunk[: MAX_STDERR - len(err)]
-    finally:
-        sel.close()
-    return bytes(out), bytes(err), None
+                key.data.add(chunk)
+            if out.overflow and not out.tail:
+                return "output_limit"
+    return None
 
 
 def run_command(
@@ -82,9 +108,15 @@ def run_command(
     timeout: float,
     env: Mapping[str, str] | None = None,
     max_output: int = DEFAULT_MAX_OUTPUT,
+    keep_tail: bool = False,
+    reap_wait: float = _REAP_WAIT,
 ) -> CommandResult:
     """Run ``argv`` in its own process group; kill the whole group on timeout or when its
-    standard output exceeds ``max_output`` bytes. Never raises for the command's failures."""
+    standard output exceeds ``max_output`` bytes. Never raises for the command's failures.
+
+    ``keep_tail``: standard output over ``max_output`` is not an error; its newest bytes
+    (whole lines) are kept and ``truncated`` says so (a log backlog). ``reap_wait``: how long
+    a killed group is waited for, so a caller with one deadline can keep that time inside it."""
     start = time.monotonic()
     try:
         proc = subprocess.Popen(
@@ -102,24 +134,25 @@ def run_command(
         return CommandResult("", time.monotonic() - start, "exec_error")
     # Not `with proc`: its exit waits without a bound, and a killed process stuck in the
     # kernel (a hung NFS mount) outlives SIGKILL; the cycle must not wait for it.
+    out, err = BoundedBuffer(max_output, keep_tail), BoundedBuffer(MAX_STDERR)
     try:
-        out, err, error = _read_bounded(proc, start + timeout, max_output)
+        error = _read_bounded(proc, start + timeout, out, err)
         if error is not None:
             _kill_group(proc)
         try:
-            proc.wait(timeout=_REAP_WAIT if error else max(0.0, start + timeout - time.monotonic()))
+            proc.wait(timeout=reap_wait if error else max(0.0, start + timeout - time.monotonic()))
         except subprocess.TimeoutExpired:
             # Its pipes closed but it lives on (or a killed one is stuck in the kernel).
             _kill_group(proc)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=_REAP_WAIT)
+                proc.wait(timeout=reap_wait)
             error = error or "timeout"
     finally:
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:
                 pipe.close()
     duration = time.monotonic() - start
-    stderr = err.decode("utf-8", "replace").strip()
+    stderr = err.text().strip()
     what = " ".join(argv[:3])
     if error == "timeout":
         LOG.warning("%s timed out after %.1fs", what, timeout)
@@ -127,8 +160,8 @@ def run_command(
     if error == "output_limit":
         LOG.warning("%s printed more than %d bytes", what, max_output)
         return CommandResult("", duration, error, stderr, proc.returncode)
-    stdout = out.decode("utf-8", "replace")
+    stdout, truncated = out.text(), out.overflow
     if proc.returncode != 0:
         LOG.warning("%s exited %d: %s", what, proc.returncode, stderr[:300])
-        return CommandResult(stdout, duration, "exit_code", stderr, proc.returncode)
-    return CommandResult(stdout, duration, None, stderr, proc.returncode)
+        return CommandResult(stdout, duration, "exit_code", stderr, proc.returncode, truncated)
+    return CommandResult(stdout, duration, None, stderr, proc.returncode, truncated)

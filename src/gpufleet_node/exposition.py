@@ -77,18 +77,30 @@ def render(families: Iterable[Family]) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_textfile(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write ``text`` to ``path`` atomically (temp file in the same directory, fsync,
-    rename), as node_exporter's textfile collector needs: it never reads a partial file."""
+def write_textfile(path: Path, text: str, mode: int = 0o644, durable: bool = True) -> None:
+    """Write ``text`` to ``path`` atomically (temp file in the same directory, rename), as
+    node_exporter's textfile collector needs: it never reads a partial file. The temp name
+    does not end in .prom, so the collector's *.prom glob ignores it.
+
+    ``durable`` also fsyncs the file and its directory, for state that must survive a crash;
+    a textfile rewritten every cycle, whose next cycle comes seconds after a reboot, skips it."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    if durable:
+        with contextlib.suppress(OSError):
+            dir_fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)

@@ -27,6 +27,8 @@ RULES = ROOT / "roles" / "prometheus" / "files" / "rules"
 FILES = sorted(DASHBOARDS.glob("*.json"))
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 VARIABLES = {"datasource", "cluster", "rack", "partition", "node", "gpu"}
+# One job's dashboard selects the job, not nodes: its nodes and GPUs follow from the job.
+JOB_VARIABLES = {"datasource", "cluster", "job_id"}
 
 # node_exporter and Prometheus/Alertmanager self-metrics the dashboards read. Each is a
 # standard series of those programs (node_exporter 1.5+, Prometheus 2.42+/3.x,
@@ -144,7 +146,7 @@ def known_metrics() -> set[str]:
     for path in RULES.glob("*.yml"):
         for group in yaml.safe_load(path.read_text())["groups"]:
             known |= {rule["record"] for rule in group["rules"] if "record" in rule}
-    collector = (ROOT / "roles/gpu_collector/files/gpufleet_gpu_collector.py").read_text()
+    collector = (ROOT / "src/gpufleet_node/gpu_collector/model.py").read_text()
     families = re.search(r"FAMILIES: dict\[.*?\] = \{(.*?)\n\}", collector, re.S).group(1)
     known |= {"node_gpu_" + name for name in re.findall(r'^    "(\w+)": \(', families, re.M)}
     dcgm = ROOT / "roles/dcgm_exporter/templates/dcgm-counters.csv.j2"
@@ -178,11 +180,12 @@ def dashboards() -> dict[str, dict]:
     return {path.name: load(path) for path in FILES}
 
 
-def test_the_five_dashboards_exist(dashboards):
+def test_the_six_dashboards_exist(dashboards):
     assert set(dashboards) == {
         "cluster-overview.json",
         "node-detail.json",
         "slurm-jobs.json",
+        "slurm-job.json",
         "monitoring-health.json",
         "logs.json",
     }
@@ -222,7 +225,8 @@ def test_dashboard_structure(path):
     assert dash["title"] and dash["schemaVersion"] >= 41
     assert dash.get("id") is None, "provisioned dashboards carry no database id"
     names = {var["name"] for var in dash["templating"]["list"]}
-    assert names >= VARIABLES, f"missing variables {VARIABLES - names}"
+    wanted = JOB_VARIABLES if path.name == "slurm-job.json" else VARIABLES
+    assert names >= wanted, f"missing variables {wanted - names}"
     ids = [panel["id"] for panel in panels(dash)]
     assert len(ids) == len(set(ids))
     for panel in panels(dash):
@@ -331,3 +335,17 @@ def test_logql_queries_select_a_stream(dashboards):
             r'\bsource=~"[^"]+"', selector.group(1)
         ), f"{place}: a stream selector needs a non-empty matcher"
         assert expr.count("(") == expr.count(")"), place
+
+
+def test_the_job_dashboard_follows_one_job_and_is_linked(dashboards):
+    """Every Prometheus panel of the job dashboard is restricted to the chosen job, the Loki
+    panel to its nodes, and the Slurm jobs dashboard links each job to it."""
+    job = dashboards["slurm-job.json"]
+    for place, expr in queries(job, "prometheus"):
+        if place.endswith(("variable cluster", "variable job_id")):
+            continue  # the choice of cluster and job
+        assert 'job_id="${job_id}"' in expr, f"{place} is not restricted to the job"
+    for place, expr in queries(job, "loki"):
+        assert 'node=~"${job_nodes}"' in expr and "${job_id}" in expr, place
+    links = json.dumps(dashboards["slurm-jobs.json"])
+    assert links.count("/d/gpufleet-slurm-job/slurm-job?var-job_id=") == 2

@@ -111,9 +111,12 @@ REFERENCE_FIELDS = frozenset(
         "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
     ]
 )
-# Asked for by the issue (FB total, remap pending) but not in the reference: checked in
-# NVIDIA/DCGM dcgmlib/dcgm_fields.h (commit 28bfbd4), field ids 250 and 396.
-DCGM_HEADER_FIELDS = frozenset({"DCGM_FI_DEV_FB_TOTAL", "DCGM_FI_DEV_ROW_REMAP_PENDING"})
+# Asked for by the issue (FB total, remap pending, the minor number Slurm's GPU index
+# means) but not in the reference: checked in NVIDIA/DCGM dcgmlib/dcgm_fields.h (commit
+# 28bfbd4), field ids 250, 396 and 55.
+DCGM_HEADER_FIELDS = frozenset(
+    {"DCGM_FI_DEV_FB_TOTAL", "DCGM_FI_DEV_ROW_REMAP_PENDING", "DCGM_FI_DEV_MINOR_NUMBER"}
+)
 KNOWN_FIELDS = REFERENCE_FIELDS | DCGM_HEADER_FIELDS
 
 DIGEST = "sha256:" + "c" * 64

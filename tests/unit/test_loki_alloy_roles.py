@@ -13,22 +13,18 @@ environment file with the roles' defaults and the example inventory, and checks:
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import re
 
 import pytest
 import yaml
-from render_role import ROLES, ROOT, evaluate, example_inventory, render
+from render_role import ROLES, evaluate, example_inventory, render
 
-COLLECTOR = ROOT / "roles" / "gpu_collector" / "files" / "gpufleet_gpu_collector.py"
+from gpufleet_node.gpu_collector import health
 
 
 def collector():
-    spec = importlib.util.spec_from_file_location("gpufleet_gpu_collector_for_alloy", COLLECTOR)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return health
 
 
 # ------------------------------------------------------------------ Loki

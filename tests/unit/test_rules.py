@@ -16,16 +16,13 @@ unpacked once under ``.cache/promtool/``. A missing one fails the run: it is not
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+import sid_deb
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +50,6 @@ RECORDED_TOKEN = re.compile(r"(?<![A-Za-z0-9_:])([a-z][a-z0-9_]*:[a-z0-9_]+:[a-z
 
 PROMTOOL2 = Path("/usr/bin/promtool")
 PROMTOOL_CACHE = ROOT / ".cache" / "promtool"
-DEBIAN_SUITE = ROOT / "molecule" / "testbed" / "debian_suite.py"
 
 
 def _major(promtool: Path) -> int:
@@ -66,44 +62,18 @@ def _major(promtool: Path) -> int:
     return int(match.group(1))
 
 
-def _debian_suite() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpufleet_debian_suite", DEBIAN_SUITE)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _promtool3() -> Path:
     """sid's promtool, unpacked from its apt-verified .deb into .cache/promtool/<deb name>/."""
     try:
-        deb = _debian_suite().fetch("promtool", "sid")
-    except (SystemExit, OSError, subprocess.SubprocessError) as error:
-        problem = str(error)
-    else:
-        problem = ""
-    if problem:
+        root = sid_deb.unpacked("promtool", PROMTOOL_CACHE)
+    except sid_deb.DebUnavailable as error:
         pytest.fail(
-            f"cannot fetch promtool 3 from Debian sid ({problem}); the rule tests must run "
-            "under both Prometheus majors, so this fails rather than skips (needs apt access "
-            "to a Debian mirror, see molecule/testbed/debian_suite.py)",
+            f"{error}; the rule tests must run under both Prometheus majors, so this fails "
+            "rather than skips (needs apt access to a Debian mirror, see "
+            "molecule/testbed/debian_suite.py)",
             pytrace=False,
         )
-    target = PROMTOOL_CACHE / deb.stem
-    binary = target / "usr" / "bin" / "promtool"
-    if not binary.exists():
-        PROMTOOL_CACHE.mkdir(parents=True, exist_ok=True)
-        for stale in PROMTOOL_CACHE.iterdir():  # older sid versions, interrupted unpacks
-            shutil.rmtree(stale, ignore_errors=True)
-        partial = Path(tempfile.mkdtemp(prefix=f".{deb.stem}.", dir=PROMTOOL_CACHE))
-        subprocess.run(
-            ["dpkg-deb", "-x", str(deb), str(partial)], check=True, capture_output=True, timeout=120
-        )
-        try:
-            partial.rename(target)
-        except OSError:  # a concurrent run unpacked it first
-            shutil.rmtree(partial, ignore_errors=True)
-    return binary
+    return root / "usr" / "bin" / "promtool"
 
 
 @pytest.fixture(scope="session", params=[2, 3], ids=["promtool2", "promtool3"])

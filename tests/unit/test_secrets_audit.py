@@ -38,7 +38,7 @@ from render_role import ROLES, template_value, trust_as_template
 SECRET_NAME = re.compile(
     r"password|passwd|secret|token|credential|api_?key|private_key|_tls_key$|access_key"
     r"|basic_auth|remote_write|job_settings|datasources_extra"
-    r"|^alertmanager_receivers$|^alertmanager_global$"
+    r"|^alertmanager_receivers$|^alertmanager_global$|^alertmanager_idle_owner_email$"
 )
 # Named like a secret, but public: a length, the published defaults preflight refuses.
 NOT_SECRET = re.compile(r"_length$|^_\w+_known_default_")

@@ -22,6 +22,8 @@ MIRROR = "http://127.0.0.1:18094"
 LOKI_BINARY = "/usr/local/bin/loki"
 ALLOY_BINARY = "/usr/bin/alloy"
 ALLOY_ADDRESS = "127.0.0.1:12345"
+# What the stand-ins' validate entry points refuse (molecule/testbed/standins/).
+REFUSE_MARKER = "gpufleet_standin_refuse"
 
 
 def built() -> dict[str, Any]:

@@ -7,9 +7,11 @@ around the stand-ins in molecule/testbed/standins/ (Python test doubles of the `
 binary and of `/usr/bin/alloy` in a .deb shaped like upstream's) and serves from a
 loopback mirror. So the roles' real install paths run: controller download, sha256
 check, unzip / apt install of the .deb, `validate:` with `loki -verify-config` and
-`alloy fmt`, the units and drop-in, service start. What the stand-ins do not do is not
-tested anywhere here: real Loki and Alloy behaviour (log ingestion and storage, reading
-the journal, LogQL, the ruler and its alerts).
+`alloy fmt` (wired: the stand-ins refuse only a marker; the rendered configs are checked
+against Loki's and Alloy's documented schemas by tests/unit/test_loki_alloy_schema.py),
+the units and drop-in, service start. What the stand-ins do not do is not tested
+anywhere here: real Loki and Alloy behaviour (log ingestion and storage, reading the
+journal, LogQL, the ruler and its alerts).
 
 This file checks the converged state: users, directories and modes, grafana.ini,
 provisioning files derived from the inventory, the dashboards copied from the

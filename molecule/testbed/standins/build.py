@@ -204,9 +204,9 @@ def alloy_deb(root: str, version: str, arch: str, tamper: bool) -> dict:
         "Priority: optional\n"
         "Homepage: https://github.com/grafana/alloy\n"
         "Description: Grafana Alloy (gpufleet TEST STAND-IN, not the real Alloy)\n"
-        " A Python test double of /usr/bin/alloy (fmt syntax check, run with /-/ready,\n"
-        " /metrics, reload on SIGHUP) in a package shaped like the upstream .deb. It\n"
-        " runs no components. Built by gpufleet's molecule/testbed/standins/build.py.\n"
+        " A Python test double of /usr/bin/alloy (fmt refusing a marker, run with\n"
+        " /-/ready, /metrics, reload on SIGHUP) in a package shaped like the upstream\n"
+        " .deb. It runs no components. Built by molecule/testbed/standins/build.py.\n"
     )
     files["DEBIAN/control"] = (control.encode(), 0o644)
     with tempfile.TemporaryDirectory() as tmp:

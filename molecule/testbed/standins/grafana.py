@@ -21,11 +21,12 @@ What it imitates (as Grafana 10+ behaves, for the parts roles/grafana relies on)
   sees it at once (it rereads the state on every request).
 * Provisioning at start and on the reload API: every ``*.yml``/``*.yaml`` under
   ``<provisioning>/datasources`` and ``<provisioning>/dashboards`` is read; an ``orgId``
-  naming an organisation that does not exist is an error, and so is more than one
-  ``isDefault`` datasource in one organisation (both are Grafana's rules). At start such
-  an error makes the server exit non-zero, as Grafana refuses to start; on the reload
-  API it answers 500. Datasource uids and the ``"uid"``/``"title"`` of the JSON files
-  under each dashboard provider's ``options.path`` are recorded per organisation.
+  naming an organisation that does not exist is an error (Grafana's rule; it depends on
+  the organisations the role created, so it is kept here; what the files mean is checked
+  by tests/unit/test_grafana_provisioning_schema.py). At start such an error makes the
+  server exit non-zero, as Grafana refuses to start; on the reload API it answers 500.
+  Datasource uids and the ``"uid"``/``"title"`` of the JSON files under each dashboard
+  provider's ``options.path`` are recorded per organisation.
 * HTTP API, JSON, basic auth against the stored admin user (401 ``Invalid username or
   password`` otherwise), organisation from ``X-Grafana-Org-Id`` (default 1):
   ``GET /api/health`` (no auth), ``GET /api/user``, ``GET /api/orgs``,
@@ -316,12 +317,7 @@ def load_datasources(provisioning: Path, state: dict[str, Any]) -> dict[str, lis
                     "file": str(path),
                 }
             )
-    for org, datasources in loaded.items():
-        if sum(ds["isDefault"] for ds in datasources) > 1:
-            raise ProvisioningError(
-                "datasource.yaml config is invalid. Only one datasource per organization"
-                f" can be marked as default (orgId {org})"
-            )
+    for datasources in loaded.values():
         for number, ds in enumerate(datasources, start=1):
             ds["id"] = number
     return loaded

@@ -2,16 +2,36 @@
 
 from __future__ import annotations
 
-import importlib.util
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import types
 from pathlib import Path
 
 import pytest
 
+from gpufleet_node import build
+from gpufleet_node.gpu_collector import (
+    amd,
+    cli,
+    collect,
+    health,
+    metrics,
+    model,
+    nvidia,
+    query,
+    run,
+    service,
+    slurm,
+    state,
+    values,
+    xid,
+)
+
 REPO = Path(__file__).resolve().parents[3]
-COLLECTOR_PATH = REPO / "roles" / "gpu_collector" / "files" / "gpufleet_gpu_collector.py"
 FAKE_SMI = REPO / "tests" / "gpu" / "fake_nvidia_smi.py"
 CAPTURES = REPO / "tests" / "fixtures" / "nvidia-smi"
 DATA = Path(__file__).resolve().parent / "data"
@@ -24,15 +44,42 @@ RTX2080 = CAPTURES / "linux-x86_64__nvidia-geforce-rtx-2080-super__595.71.05.txt
 ALL_CAPTURES = sorted(CAPTURES.glob("*.txt"))
 
 
-def _load_collector():
-    spec = importlib.util.spec_from_file_location("gpufleet_gpu_collector", COLLECTOR_PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpufleet_gpu_collector"] = module
-    spec.loader.exec_module(module)
-    return module
+def _facade() -> types.SimpleNamespace:
+    """Every public name of the collector's modules in one namespace (the tests' ``gc``);
+    a test that patches a name patches it in the module that uses it."""
+    names: dict[str, object] = {}
+    for module in MODULES:
+        names.update({k: v for k, v in vars(module).items() if not k.startswith("__")})
+    return types.SimpleNamespace(**names)
 
 
-gc = _load_collector()
+def _build_zipapp() -> Path:
+    """The shipped zipapp, built once per test session: what subprocess tests run."""
+    folder = Path(tempfile.mkdtemp(prefix="gpufleet-gpu-collector-"))
+    atexit.register(shutil.rmtree, folder, True)
+    path = folder / "gpufleet-gpu-collector.pyz"
+    build.write(path, build.archive("gpu_collector"))
+    return path
+
+
+MODULES = (
+    model,
+    values,
+    nvidia,
+    amd,
+    health,
+    slurm,
+    metrics,
+    run,
+    state,
+    query,
+    xid,
+    collect,
+    service,
+    cli,
+)
+gc = _facade()
+COLLECTOR_ZIPAPP = _build_zipapp()
 
 
 class FakeSmi:

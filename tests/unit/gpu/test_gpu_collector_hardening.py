@@ -10,7 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-from gpu_helpers import gc, names_of, values_of
+from gpu_helpers import COLLECTOR_ZIPAPP, gc, names_of, values_of
+
+from gpufleet_node.commands import BoundedBuffer
+from gpufleet_node.gpu_collector import collect, xid
 
 GPU_SERIES = ("node_gpu_info", "node_gpu_devices", "node_gpu_power_draw_watts")
 
@@ -114,7 +117,7 @@ def test_internal_errors_still_write_a_failure(fake_smi, run_collector, monkeypa
     def broken(text):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(gc, "nvidia_gpus_and_notes", broken)
+    monkeypatch.setattr(collect, "nvidia_gpus_and_notes", broken)
     text = run_collector(expect_success=False)
     assert_failed_without_gpu_series(text, "internal_error")
 
@@ -150,7 +153,15 @@ def test_100k_rows_are_cut_at_the_byte_limit(fake_smi, tmp_path):
         "    pass\n"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
     )
-    argv = [sys.executable, "-c", wrapper, str(gc.__file__), "--once", "--nvidia-smi", str(smi)]
+    argv = [
+        sys.executable,
+        "-c",
+        wrapper,
+        str(COLLECTOR_ZIPAPP),
+        "--once",
+        "--nvidia-smi",
+        str(smi),
+    ]
     argv += ["--textfile-dir", str(out), "--state-dir", "", "--timeout", "30"]
     start = time.monotonic()
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
@@ -187,28 +198,31 @@ def test_run_command_stops_reading_at_the_limit():
     start = time.monotonic()
     result = gc.run_command(["yes", "0, GPU-a, 40"], 10, max_bytes=100_000)
     assert time.monotonic() - start < 5
-    assert result.truncated and result.rc is None
-    assert len(result.stdout) == 100_000
+    # The shared runner: killed at the limit, nothing of the cut answer is handed on.
+    assert result.error == "output_limit" and not result.truncated
+    assert result.stdout == ""
+    with pytest.raises(gc.CollectorError, match="output_too_large"):
+        gc._checked(result, "yes")
 
 
 def test_bounded_buffer_head_and_tail():
-    head = gc.BoundedBuffer(10)
+    head = BoundedBuffer(10)
     head.add(b"0123456789abc")
     assert head.overflow and head.text() == "0123456789"
-    tail = gc.BoundedBuffer(10, tail=True)
+    tail = BoundedBuffer(10, tail=True)
     for _ in range(20):
         tail.add(b"line\n")
     assert tail.overflow and tail.text() == "line\nline\n"
-    small = gc.BoundedBuffer(10, tail=True)
+    small = BoundedBuffer(10, tail=True)
     small.add(b"a\nb\n")
     assert not small.overflow and small.text() == "a\nb\n"
-    cut = gc.BoundedBuffer(5, tail=True)
+    cut = BoundedBuffer(5, tail=True)
     cut.add(b"abcdefghij\nxy\n")
     assert cut.text() == "xy\n"  # never the cut line "j"
 
 
 def test_journal_backlog_keeps_the_newest_lines_and_the_cursor(monkeypatch, tmp_path):
-    monkeypatch.setattr(gc, "JOURNAL_MAX_BYTES", 4096)
+    monkeypatch.setattr(xid, "JOURNAL_MAX_BYTES", 4096)
     journal = tmp_path / "bin" / "journalctl"
     journal.parent.mkdir()
     journal.write_text(
@@ -227,7 +241,7 @@ def test_journal_backlog_keeps_the_newest_lines_and_the_cursor(monkeypatch, tmp_
 
 
 def test_xid_file_backlog_is_read_over_cycles(monkeypatch, tmp_path):
-    monkeypatch.setattr(gc, "XID_FILE_MAX_BYTES", 200)
+    monkeypatch.setattr(xid, "XID_FILE_MAX_BYTES", 200)
     log = tmp_path / "kern.log"
     line = "NVRM: Xid (PCI:0000:3b:00): 13, Graphics Exception\n"  # 51 bytes
     log.write_text(line * 10)

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gpu_helpers import gc, values_of
+from gpu_helpers import COLLECTOR_ZIPAPP, gc, values_of
 
 CREDENTIALS = struct.calcsize("3i")  # struct ucred: pid, uid, gid
 
@@ -75,7 +75,7 @@ def start_loop(fake_smi, tmp_path, notify_socket):
     wrapper.chmod(0o755)
 
     def start(*extra: str) -> subprocess.Popen:
-        argv = [sys.executable, str(gc.__file__), "--nvidia-smi", str(wrapper)]
+        argv = [sys.executable, str(COLLECTOR_ZIPAPP), "--nvidia-smi", str(wrapper)]
         argv += ["--textfile-dir", str(out), "--state-dir", "", "--xid-source", "none", *extra]
         env = {**os.environ, "NOTIFY_SOCKET": notify_socket.env_value}
         # In tmp_path: a core dump (SIGABRT below) lands there, if the host writes one.
@@ -212,7 +212,7 @@ def test_once_mode_does_not_notify(fake_smi, tmp_path, notify_socket):
     """The timer's oneshot service is not Type=notify: --once sends nothing."""
     out = tmp_path / "tf"
     out.mkdir()
-    argv = [sys.executable, str(gc.__file__), "--once", "--nvidia-smi", str(fake_smi.bin)]
+    argv = [sys.executable, str(COLLECTOR_ZIPAPP), "--once", "--nvidia-smi", str(fake_smi.bin)]
     argv += ["--textfile-dir", str(out), "--state-dir", ""]
     env = {**os.environ, "NOTIFY_SOCKET": notify_socket.env_value}
     assert subprocess.run(argv, env=env, capture_output=True, timeout=60).returncode == 0

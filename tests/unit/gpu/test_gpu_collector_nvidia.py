@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from gpu_helpers import (
     ALL_CAPTURES,
+    COLLECTOR_ZIPAPP,
     FAKE_SMI,
     H100_MIG,
     L40S,
@@ -307,7 +308,7 @@ def test_field_memory_resets_when_the_binary_changes(tmp_path):
 
 def test_atomic_write(tmp_path, monkeypatch):
     target = tmp_path / "gpufleet_gpu.prom"
-    gc.write_atomic(str(target), "old 1\n")
+    gc.write_textfile(target, "old 1\n", durable=False)
     assert target.read_text() == "old 1\n"
     assert oct(target.stat().st_mode & 0o777) == "0o644"
 
@@ -316,7 +317,7 @@ def test_atomic_write(tmp_path, monkeypatch):
 
     monkeypatch.setattr(gc.os, "replace", broken_replace)
     with pytest.raises(OSError):
-        gc.write_atomic(str(target), "new 1\n")
+        gc.write_textfile(target, "new 1\n", durable=False)
     assert target.read_text() == "old 1\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpufleet_gpu.prom"]
 
@@ -329,7 +330,7 @@ def test_output_name_must_be_a_prom_file():
 def test_cli_once_as_a_subprocess(fake_smi, tmp_path):
     out = tmp_path / "tf"
     out.mkdir()
-    argv = ["python3", str(gc.__file__), "--once", *stateless_argv(fake_smi.bin, out)]
+    argv = ["python3", str(COLLECTOR_ZIPAPP), "--once", *stateless_argv(fake_smi.bin, out)]
     result = subprocess.run(
         [*argv, "--output-name", "gpu.prom"],
         capture_output=True,
@@ -344,7 +345,13 @@ def test_cli_once_as_a_subprocess(fake_smi, tmp_path):
 def test_loop_mode_runs_cycles_until_sigterm(fake_smi, tmp_path):
     out = tmp_path / "tf"
     out.mkdir()
-    argv = ["python3", str(gc.__file__), *stateless_argv(fake_smi.bin, out), "--interval", "0.2"]
+    argv = [
+        "python3",
+        str(COLLECTOR_ZIPAPP),
+        *stateless_argv(fake_smi.bin, out),
+        "--interval",
+        "0.2",
+    ]
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 20

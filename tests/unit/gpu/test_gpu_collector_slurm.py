@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from gpu_helpers import gc, values_of
 
+from gpufleet_node.gpu_collector import slurm
+
 # Whole /proc/PID/cgroup files. The controller list is the one of the test bed's
 # hybrid-mode kernel (Debian 12 host); the Slurm paths are the shapes each Slurm
 # writes (shared/TESTBED.md "Slurm 24.11", shared/reference/gpu-metrics.md 6.5).
@@ -233,7 +235,7 @@ def test_unresolved_sluid_is_the_job_key(tmp_path):
 
 
 def test_environ_read_is_bounded(tmp_path, monkeypatch):
-    monkeypatch.setattr(gc, "ENVIRON_MAX_BYTES", 64)
+    monkeypatch.setattr(slurm, "ENVIRON_MAX_BYTES", 64)
     proc = tmp_path / "proc"
     padding = "P=" + "x" * 50  # SLURM_JOB_ID=123456 straddles byte 64
     _proc(proc, 13, V2_SLUID, uid=0, environ=env(padding, "SLURM_JOB_ID=123456"))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from gpu_helpers import gc, stateless_argv, values_of
 
+from gpufleet_node.gpu_collector import xid
+
 LINES = [
     "NVRM: Xid (PCI:0000:05:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
     "NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.",
@@ -99,9 +101,9 @@ def test_journald_cursor_is_passed_and_kept(monkeypatch):
     def fake_run(argv, timeout, *_bounds, **_kw):
         seen.append(argv)
         out = "NVRM: Xid (PCI:0000:3b:00): 31, pid=1, MMU Fault\n-- cursor: s=abc;i=2\n"
-        return gc.CommandResult(0, out, "")
+        return gc.CommandResult(out, 0.0, None, "", 0)
 
-    monkeypatch.setattr(gc, "run_command", fake_run)
+    monkeypatch.setattr(xid, "run_command", fake_run)
     lines, position = gc.read_xid_journald({"cursor": "s=abc;i=1"}, 5)
     assert lines == ["NVRM: Xid (PCI:0000:3b:00): 31, pid=1, MMU Fault"]
     assert position == {"cursor": "s=abc;i=2"}

@@ -25,7 +25,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from boards import cluster_overview, logs, monitoring_health, node_detail, slurm_jobs
+from boards import (
+    cluster_overview,
+    logs,
+    monitoring_health,
+    node_detail,
+    slurm_job,
+    slurm_jobs,
+)
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
@@ -34,6 +41,7 @@ DASHBOARDS: dict[str, Callable[[], Dashboard]] = {
     "cluster-overview.json": cluster_overview.build,
     "node-detail.json": node_detail.build,
     "slurm-jobs.json": slurm_jobs.build,
+    "slurm-job.json": slurm_job.build,
     "monitoring-health.json": monitoring_health.build,
     "logs.json": logs.build,
 }

@@ -28,6 +28,15 @@ LOGS_LINK = db.DashboardLink("Logs of ${__field.labels.node}").url(
     "/d/gpufleet-logs/logs?var-node=${__field.labels.node}&${__url_time_range}"
     "&var-cluster=${cluster}"
 )
+# The Slurm job dashboard of the job in a row (tables: the job_id column) or a series.
+JOB_ROW_LINK = db.DashboardLink("Slurm job ${__data.fields.job_id}").url(
+    "/d/gpufleet-slurm-job/slurm-job?var-job_id=${__data.fields.job_id}"
+    "&${__url_time_range}&var-cluster=${cluster}"
+)
+JOB_SERIES_LINK = db.DashboardLink("Slurm job ${__field.labels.job_id}").url(
+    "/d/gpufleet-slurm-job/slurm-job?var-job_id=${__field.labels.job_id}"
+    "&${__url_time_range}&var-cluster=${cluster}"
+)
 NODE_LINK = db.DashboardLink("Node detail: ${__field.labels.node}").url(
     "/d/gpufleet-node-detail/node-detail?var-node=${__field.labels.node}"
     "&${__url_time_range}&var-cluster=${cluster}"

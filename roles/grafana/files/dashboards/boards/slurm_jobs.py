@@ -79,6 +79,7 @@ def _running_jobs() -> list[Panel]:
             ],
             rename=columns,
             size=(24, 10),
+            links=[panels.JOB_ROW_LINK],
         ),
     ]
 
@@ -97,6 +98,7 @@ def _per_owner() -> list[Panel]:
             [target(top_jobs, "{{job_id}} ({{user}})")],
             "percent",
             minmax=(0, 100),
+            links=[panels.JOB_SERIES_LINK],
         ),
         stacked("GPUs allocated per user", per_user, "{{user}}"),
         utilization_per("user", "slurm_user", C),

@@ -1,0 +1,75 @@
+"""Per-GPU and per-node figures of a job's nodes over the job's span.
+
+Reads the gpufleet recording rules every shard (or standalone Prometheus) evaluates
+(roles/prometheus/files/rules): ``gpu:*`` unify the GPU collector's ``node_gpu_*`` series
+and dcgm-exporter's ``DCGM_FI_*`` (docs/gpu-collector.md, docs/dcgm-exporter.md); ``node:*``
+come from node_exporter (``node_cpu_seconds_total``, ``node_memory_*``). One instant query
+per figure at the job's end, over a range as long as the job: a handful of queries however
+many GPUs the job holds.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from gpufleet.jobstats.discover import SAFE_GPU, JobPlace, node_regex
+from gpufleet.jobstats.promapi import PromClient
+
+# figure -> (range function, recorded series)
+GPU_FIGURES = {
+    "util_mean": ("avg_over_time", "gpu:utilization_percent:max"),
+    "util_max": ("max_over_time", "gpu:utilization_percent:max"),
+    "mem_used_max": ("max_over_time", "gpu:memory_used_bytes:sum"),
+    "mem_total": ("max_over_time", "gpu:memory_total_bytes:sum"),
+    "power_mean": ("avg_over_time", "gpu:power_draw_watts:max"),
+    "power_max": ("max_over_time", "gpu:power_draw_watts:max"),
+}
+NODE_FIGURES = {
+    "cpu_mean": ("avg_over_time", "node:cpu_utilization:ratio"),
+    "cpu_max": ("max_over_time", "node:cpu_utilization:ratio"),
+    "mem_max": ("max_over_time", "node:memory_utilization:ratio"),
+    "mem_total": ("max_over_time", "node:memory_total_bytes:sum"),
+    "cpus": ("max_over_time", "node:cpus:count"),
+}
+
+
+@dataclass(frozen=True)
+class Figures:
+    gpus: dict[tuple[str, str], dict[str, float]]  # (node, gpu) -> figure -> value
+    nodes: dict[str, dict[str, float]]  # node -> figure -> value
+
+
+def span_seconds(place: JobPlace) -> int:
+    """The range of the queries: the job's span, at least one minute."""
+    return max(60, round(place.end - place.start))
+
+
+def collect(client: PromClient, place: JobPlace) -> Figures:
+    """The figures of the job's nodes on this Prometheus, queried in parallel."""
+    nodes = node_regex(list(place.gpus_allocated))
+    window = f"[{span_seconds(place)}s]"
+    queries = {
+        ("gpu", name): f'{func}({series}{{node=~"{nodes}"}}{window})'
+        for name, (func, series) in GPU_FIGURES.items()
+    } | {
+        ("node", name): f'{func}({series}{{node=~"{nodes}"}}{window})'
+        for name, (func, series) in NODE_FIGURES.items()
+    }
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = pool.map(lambda q: client.query(q, place.end), queries.values())
+        answers = dict(zip(queries, results, strict=True))
+    gpus: dict[tuple[str, str], dict[str, float]] = {}
+    node_figures: dict[str, dict[str, float]] = {}
+    for (kind, name), samples in answers.items():
+        for sample in samples:
+            node = sample.labels.get("node", "")
+            if node not in place.gpus_allocated:
+                continue
+            if kind == "node":
+                node_figures.setdefault(node, {})[name] = sample.value
+                continue
+            gpu = sample.labels.get("gpu", "")
+            if SAFE_GPU.fullmatch(gpu):
+                gpus.setdefault((node, gpu), {})[name] = sample.value
+    return Figures(gpus, node_figures)

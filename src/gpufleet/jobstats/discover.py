@@ -1,0 +1,143 @@
+"""Find a Slurm job in Prometheus: its nodes, GPU indices, owner and time span.
+
+Source: the gpufleet Slurm exporter's per-job series (src/gpufleet_node/slurm_exporter/
+metrics.py), present while the job runs: ``slurm_job_gpus_allocated{job_id, node, user,
+account, partition}`` (GPUs per node) and ``slurm_job_gpu_index_info{job_id, node, gpu}``
+(Slurm's GPU index). Slurm's index names a device file, /dev/nvidia<minor>, which need
+not be the NVML index ``gpu`` of the GPU series (jobstats issue #34): it is translated
+through ``gpu:device_minor:info{gpu, minor}``, the map the gpufleet-slurm rules join on,
+and taken as the NVML index where a node reports no minors (the rules' fallback). The span
+is the first and last sample of ``slurm_job_gpus_allocated``: exact at the end, within one
+step at the start.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from gpufleet.jobstats.promapi import PromClient
+
+# Slurm job ids: 123, array tasks 123_4, heterogeneous components 123+1.
+JOB_ID = re.compile(r"^[0-9]{1,12}(?:[_+][0-9]{1,9})?$")
+# Node names and GPU indices as they may appear in a PromQL regex: nothing else passes.
+SAFE_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+SAFE_GPU = re.compile(r"^[0-9]{1,4}$")
+SPAN_STEP_S = 60  # resolution of the start time
+
+
+@dataclass
+class JobPlace:
+    """What one Prometheus knows about a job (a shard knows the job's nodes it scrapes)."""
+
+    job_id: str
+    user: str = ""
+    account: str = ""
+    partition: str = ""
+    cluster: str = ""
+    start: float = 0.0
+    end: float = 0.0
+    gpus_allocated: dict[str, int] = field(default_factory=dict)  # node -> GPUs
+    gpu_indices: dict[str, list[str]] = field(default_factory=dict)  # node -> ["0", "1"]
+
+    def merge(self, other: JobPlace) -> JobPlace:
+        """Two shards' parts of one job."""
+        if not self.gpus_allocated:
+            return other
+        if not other.gpus_allocated:
+            return self
+        return JobPlace(
+            job_id=self.job_id,
+            user=self.user or other.user,
+            account=self.account or other.account,
+            partition=self.partition or other.partition,
+            cluster=self.cluster or other.cluster,
+            start=min(self.start, other.start),
+            end=max(self.end, other.end),
+            gpus_allocated={**self.gpus_allocated, **other.gpus_allocated},
+            gpu_indices={**self.gpu_indices, **other.gpu_indices},
+        )
+
+
+def check_job_id(job_id: str) -> str:
+    if not JOB_ID.fullmatch(job_id):
+        raise ValueError(f"{job_id[:40]!r} is not a Slurm job id (123, 123_4 or 123+1)")
+    return job_id
+
+
+def node_regex(nodes: list[str]) -> str:
+    """A PromQL regex matching exactly these nodes (names were checked by SAFE_NODE)."""
+    return "|".join(node.replace(".", "\\\\.") for node in sorted(nodes))
+
+
+def find_job(client: PromClient, job_id: str, lookback_s: int, now: float) -> JobPlace:
+    """The job as this Prometheus saw it in the last ``lookback_s``; empty if never."""
+    selector = f'slurm_job_gpus_allocated{{job_id="{check_job_id(job_id)}"}}'
+    window = f"[{lookback_s}s]"
+    place = JobPlace(job_id=job_id)
+    for sample in client.query(f"max_over_time({selector}{window})", now):
+        node = sample.labels.get("node", "")
+        if not SAFE_NODE.fullmatch(node):
+            continue  # a label we cannot put in a query is not a node we can report
+        place.gpus_allocated[node] = int(sample.value)
+        place.user = place.user or sample.labels.get("user", "")
+        place.account = place.account or sample.labels.get("account", "")
+        place.partition = place.partition or sample.labels.get("partition", "")
+        place.cluster = place.cluster or sample.labels.get("cluster", "")
+    if not place.gpus_allocated:
+        return place
+    ts = f"timestamp({selector})[{lookback_s}s:{SPAN_STEP_S}s]"
+    starts = client.query(f"min(min_over_time({ts}))", now)
+    ends = client.query(f"max(max_over_time({ts}))", now)
+    place.start = starts[0].value if starts else now
+    place.end = ends[0].value if ends else now
+    index_selector = f'slurm_job_gpu_index_info{{job_id="{job_id}"}}'
+    slurm_indices: dict[str, list[str]] = {}
+    for sample in client.query(f"max_over_time({index_selector}{window})", now):
+        node, gpu = sample.labels.get("node", ""), sample.labels.get("gpu", "")
+        if node in place.gpus_allocated and SAFE_GPU.fullmatch(gpu):
+            slurm_indices.setdefault(node, []).append(gpu)
+    minors = f'gpu:device_minor:info{{node=~"{node_regex(list(slurm_indices))}"}}'
+    pairs = client.query(f"max_over_time({minors}{window})", now) if slurm_indices else []
+    place.gpu_indices = nvml_indices(slurm_indices, minor_map(pair.labels for pair in pairs))
+    return place
+
+
+def minor_map(labels: Iterable[dict[str, str]]) -> dict[tuple[str, str], str]:
+    """(node, device minor) -> NVML index, from gpu:device_minor:info samples.
+
+    A minor claimed by two GPUs of a node is left out: it names no GPU for sure (the
+    rules drop it from the join likewise).
+    """
+    found: dict[tuple[str, str], set[str]] = {}
+    for label in labels:
+        node, gpu, minor = label.get("node", ""), label.get("gpu", ""), label.get("minor", "")
+        if SAFE_NODE.fullmatch(node) and SAFE_GPU.fullmatch(gpu) and SAFE_GPU.fullmatch(minor):
+            found.setdefault((node, minor), set()).add(gpu)
+    return {key: gpus.pop() for key, gpus in found.items() if len(gpus) == 1}
+
+
+def nvml_indices(
+    slurm_indices: dict[str, list[str]], minors: dict[tuple[str, str], str]
+) -> dict[str, list[str]]:
+    """Each node's Slurm GPU indices as NVML indices, sorted.
+
+    A node with minors known maps each index through them and drops an index no GPU has
+    (or an ambiguous one); a node with none keeps Slurm's index (index = minor).
+    """
+    mapped_nodes = {node for node, _ in minors}
+    out: dict[str, list[str]] = {}
+    for node, indices in slurm_indices.items():
+        if node in mapped_nodes:
+            gpus = [minors[(node, i)] for i in indices if (node, i) in minors]
+        else:
+            gpus = list(indices)
+        out[node] = sorted(set(gpus), key=int)
+    return out
+
+
+def slurm_seen(client: PromClient, lookback_s: int, now: float) -> bool:
+    """Whether this Prometheus holds any per-job Slurm series in the window."""
+    found = client.query(f"count(max_over_time(slurm_job_gpus_allocated[{lookback_s}s]))", now)
+    return bool(found and found[0].value > 0)

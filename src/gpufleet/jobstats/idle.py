@@ -1,0 +1,100 @@
+"""GPU-hours allocated to jobs while idle, by user and by account.
+
+Without ``--threshold``: the gpufleet-slurm recording rules, which already count them hour
+by hour at the SlurmJobGpuIdle threshold (``slurm_user:gpu_hours_allocated_idle:sum1h``
+and the account form; ``global_`` forms on the global tier). A window of N hours is the
+sum of N hourly points (``[N h - 1m : 1h]``, the rules' own convention).
+
+With ``--threshold T``: computed from the per-(job, GPU) utilization series on the shards
+(or the standalone Prometheus): a 5-minute step counts when the GPU's maximum in it stayed
+under T. Costlier, and the global tier cannot answer it (those series are not federated).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from gpufleet.jobstats.promapi import PromClient, PromError
+
+DURATION = re.compile(r"^([1-9][0-9]{0,4})([hdw])$")
+HOURS = {"h": 1, "d": 24, "w": 168}
+STEP_MIN = 5
+
+
+def parse_since(text: str, option: str = "--since") -> int:
+    """``7d`` -> seconds; whole hours, days or weeks (the rules are hourly)."""
+    match = DURATION.fullmatch(text)
+    if not match:
+        raise ValueError(f"{option} {text[:20]!r}: use whole hours, days or weeks (24h, 7d, 2w)")
+    hours = int(match.group(1)) * HOURS[match.group(2)]
+    if hours > 24 * 400:
+        raise ValueError(f"{option} {text}: at most 400 days")
+    return hours * 3600
+
+
+def recorded_expr(prefix: str, key: str, since_s: int) -> str:
+    series = f"{prefix}slurm_{key}:gpu_hours_allocated_idle:sum1h"
+    return f"sum by ({key}) (sum_over_time({series}[{since_s - 60}s:1h]))"
+
+
+def raw_expr(key: str, since_s: int, threshold: float) -> str:
+    inner = (
+        f"(max_over_time(slurm_job_gpu:gpu_utilization_percent:max[{STEP_MIN}m]) < {threshold:g})"
+    )
+    return (
+        f"sum by ({key}) (count_over_time({inner}[{since_s}s:{STEP_MIN}m])) * {STEP_MIN / 60:.6g}"
+    )
+
+
+def recorded_prefix(client: PromClient, since_s: int, now: float) -> str:
+    """``global_`` on the global tier, "" on a shard or standalone Prometheus."""
+    for prefix in ("global_", ""):
+        probe = f"count(last_over_time({prefix}cluster:gpu_hours_allocated_idle:sum1h[{since_s}s]))"
+        if client.query(probe, now):
+            return prefix
+    raise PromError(
+        f"{client.url}: no idle GPU-hour recordings in this window (the gpufleet-slurm rules "
+        "not loaded, no Slurm exporter, or the window is outside retention)"
+    )
+
+
+def by_key(samples: list[Any], key: str) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for sample in samples:
+        name = sample.labels.get(key, "")
+        totals[name] = totals.get(name, 0.0) + sample.value
+    return totals
+
+
+def recorded(client: PromClient, since_s: int, now: float) -> dict[str, dict[str, float]]:
+    prefix = recorded_prefix(client, since_s, now)
+    return {
+        key: by_key(client.query(recorded_expr(prefix, key, since_s), now), key)
+        for key in ("user", "account")
+    }
+
+
+def raw(
+    client: PromClient, since_s: int, now: float, threshold: float
+) -> dict[str, dict[str, float]]:
+    return {
+        key: by_key(client.query(raw_expr(key, since_s, threshold), now), key)
+        for key in ("user", "account")
+    }
+
+
+def add(parts: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Shards' parts of the same totals."""
+    total: dict[str, dict[str, float]] = {"user": {}, "account": {}}
+    for part in parts:
+        for key, values in part.items():
+            for name, hours in values.items():
+                total[key][name] = total[key].get(name, 0.0) + hours
+    return total
+
+
+def rows(totals: dict[str, float], key: str) -> list[dict[str, Any]]:
+    """Largest first; zero rows dropped (hours without idle GPUs record 0)."""
+    ordered = sorted(totals.items(), key=lambda item: (-item[1], item[0]))
+    return [{key: name, "gpu_hours": round(hours, 3)} for name, hours in ordered if hours > 0.0005]

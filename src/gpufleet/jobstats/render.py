@@ -1,0 +1,108 @@
+"""Reports as text (with bars, for a terminal) or JSON (for scripts)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from typing import Any
+
+from gpufleet.jobstats.report import JobReport
+
+BAR_WIDTH = 20
+GIB = 1024**3
+
+
+def bar(fraction: float | None, width: int = BAR_WIDTH) -> str:
+    """[#####...............] for 0.25; blanks when unknown."""
+    if fraction is None:
+        return "[" + " " * width + "]"
+    filled = round(min(max(fraction, 0.0), 1.0) * width)
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def _clock(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
+
+
+def duration(seconds: float) -> str:
+    minutes = int(seconds // 60)
+    days, rest = divmod(minutes, 24 * 60)
+    hours, minutes = divmod(rest, 60)
+    text = f"{hours}h {minutes:02d}m"
+    return f"{days}d {text}" if days else text
+
+
+def _num(value: float | None, fmt: str, unit: str = "") -> str:
+    return "-" if value is None else f"{value:{fmt}}{unit}"
+
+
+def _gib(value: float | None) -> str:
+    return "-" if value is None else f"{value / GIB:.1f}"
+
+
+def clean(text: str) -> str:
+    """Label values come from Slurm users: no control characters reach the terminal."""
+    return "".join(ch if ch.isprintable() else "?" for ch in text)[:120]
+
+
+def job_text(report: JobReport) -> str:
+    state = "running" if report.running else "ended"
+    lines = [
+        f"job {clean(report.job_id)}  user {clean(report.user) or '-'}  account "
+        f"{clean(report.account) or '-'}  partition {clean(report.partition) or '-'}"
+        + (f"  cluster {clean(report.cluster)}" if report.cluster else ""),
+        f"{_clock(report.start)} -> {_clock(report.end)} ({duration(report.end - report.start)}"
+        f", {state}); {len(report.gpus)} GPUs on {len(report.nodes)} nodes",
+        "",
+        f"{'GPU':<20} {'utilization mean':<{BAR_WIDTH + 10}} {'max':>5}  "
+        f"{'memory max / total GiB':>22}  {'power mean':>10}",
+    ]
+    for g in report.gpus:
+        mem_share = g.mem_used_max / g.mem_total if g.mem_used_max and g.mem_total else None
+        lines.append(
+            f"{clean(g.node) + ':' + g.gpu:<20} "
+            f"{bar(None if g.util_mean is None else g.util_mean / 100)} "
+            f"{_num(g.util_mean, '5.1f', ' %'):>7} {_num(g.util_max, '4.0f', '%'):>5}  "
+            f"{_gib(g.mem_used_max):>7} / {_gib(g.mem_total):>6} {_num(mem_share, '4.0%'):>6}  "
+            f"{_num(g.power_mean, '6.0f', ' W'):>10}"
+        )
+    lines += ["", f"{'node':<20} {'CPU mean':<{BAR_WIDTH + 17}} memory max"]
+    for n in report.nodes:
+        cpus = f" of {n.cpus:.0f}" if n.cpus else ""
+        total = f" of {n.mem_total / GIB:.0f} GiB" if n.mem_total else ""
+        lines.append(
+            f"{clean(n.node):<20} {bar(n.cpu_mean)} {_num(n.cpu_mean, '5.0%'):>6}{cpus:<8} "
+            f"{bar(n.mem_max)} {_num(n.mem_max, '5.0%'):>6}{total}"
+        )
+    mean = _num(report.util_mean, ".1f", " %")
+    lines += ["", f"verdict: {report.verdict} (mean GPU utilization {mean})"]
+    lines += [f"  - {line}" for line in report.advice]
+    if report.missing:
+        lines += ["missing data:"] + [f"  - {line}" for line in report.missing]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def job_json(report: JobReport) -> str:
+    data = asdict(report)
+    for gpu in data["gpus"]:
+        gpu["idle"] = gpu["util_max"] is not None and gpu["util_max"] < report.threshold
+    return json.dumps(data, indent=2)
+
+
+def idle_text(result: dict[str, Any]) -> str:
+    lines = [
+        f"GPU-hours allocated at under {result['threshold']:g} % utilization, last "
+        f"{result['since']} ({result['source']})",
+    ]
+    for key in ("user", "account"):
+        rows = result[f"by_{key}"]
+        total = sum(row["gpu_hours"] for row in rows) or 1.0
+        lines += ["", f"{key:<24} {'GPU-hours':>10}"]
+        for row in rows:
+            lines.append(
+                f"{clean(row[key]):<24} {row['gpu_hours']:>10.1f}  {bar(row['gpu_hours'] / total)}"
+            )
+        if not rows:
+            lines.append("(none)")
+    return "\n".join(lines)

@@ -1,0 +1,87 @@
+"""Which Prometheus to ask: one URL, or the instances the inventory places.
+
+The inventory (the node list ``gpufleet plan`` reads) gives every Prometheus instance
+through :func:`gpufleet.inventory.prometheus_instances` (docs/inventory.md): a standalone
+Prometheus, or shards 0..N-1 plus a global tier, each with its replicas. Ports follow the
+prometheus role: the standalone and global instances on ``prometheus_port_base`` (9090, or
+the host's own ``prometheus_port_base`` var), shard k on ``prometheus_port_base + 1 + k``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from gpufleet.inventory import prometheus_instances
+from gpufleet.jobstats.promapi import PromClient, PromError
+from gpufleet.nodelist import NodeList
+
+PORT_BASE = 9090
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One Prometheus (standalone, a shard, or the global tier) and its replicas' URLs."""
+
+    name: str  # "standalone", "shard-3", "global", or the URL given
+    urls: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where the data lives: per-GPU series on ``data`` instances, rollups on ``rollups``."""
+
+    data: tuple[Instance, ...]  # the standalone, or every shard
+    rollups: Instance | None  # the global tier, or the standalone; None: same as data[0]
+    sharded: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def single(url: str) -> Topology:
+    instance = Instance(url, (url,))
+    return Topology(data=(instance,), rollups=instance)
+
+
+def from_inventory(node_list: NodeList, scheme: str = "http") -> Topology:
+    """The Prometheus instances of the node list, replicas in the role's order."""
+    hosts = {host.name: host for host in node_list.hosts}
+    urls: dict[str, list[str]] = {}
+    for host_name, instances in prometheus_instances(node_list.monitoring).items():
+        host = hosts.get(host_name)
+        if host is None:
+            continue
+        base = int(host.vars.get("prometheus_port_base", PORT_BASE))
+        for inst in instances:
+            port = base if inst["shard"] is None else base + 1 + inst["shard"]
+            address = f"[{host.address}]" if ":" in host.address else host.address
+            urls.setdefault(inst["name"], []).append(f"{scheme}://{address}:{port}")
+    if not urls:
+        raise PromError(f"{node_list.file}: monitoring.prometheus_hosts is empty")
+    if "standalone" in urls:
+        standalone = Instance("standalone", tuple(urls["standalone"]))
+        return Topology(data=(standalone,), rollups=standalone)
+    shards = tuple(
+        Instance(f"shard-{k}", tuple(urls.get(f"shard-{k}", ())))
+        for k in range(node_list.monitoring.shards)
+    )
+    glob = Instance("global", tuple(urls["global"])) if "global" in urls else None
+    return Topology(data=shards, rollups=glob, sharded=True)
+
+
+def ask(
+    instance: Instance, make_client: Callable[[str], PromClient], work: Callable[[PromClient], T]
+) -> T:
+    """``work`` on the first replica that answers; PromError naming the instance if none."""
+    errors = []
+    for url in instance.urls:
+        try:
+            return work(make_client(url))
+        except PromError as err:
+            errors.append(str(err))
+    if not errors:
+        raise PromError(f"{instance.name}: no replica in the inventory")
+    if instance.urls == (instance.name,):  # one URL given: its error says it all
+        raise PromError(errors[0])
+    raise PromError(f"{instance.name}: no replica answers: {'; '.join(errors)}")

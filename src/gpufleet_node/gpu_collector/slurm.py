@@ -1,0 +1,200 @@
+"""Slurm attribution: compute processes to jobs through their cgroup and environment."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
+
+from .model import STATE_MAX_BYTES
+from .nvidia import ComputeApp
+
+#
+# A GPU process's Slurm job comes from its cgroup path, which slurmstepd (root)
+# creates and the job's user cannot choose. One line of /proc/PID/cgroup is
+# "hierarchy-id:controllers:path"; the path shapes (after any prefix, e.g. a
+# container's cgroup namespace root):
+#   cgroup v1 (22.05, 24.11): /slurm/uid_<uid>/job_<id>[/step_<s>[/task_<n>]]
+#       /slurm_<node>/... when several slurmd run on the host; 24.11 in a private
+#       cgroupns: "4:freezer:/slurm_<node>/uid_1000/job_3/step_batch"
+#   cgroup v2 ("0::" line): /system.slice/slurmstepd.scope/job_<id>/step_<s>[/user/task_<n>]
+#       /system.slice/<node>_slurmstepd.scope/... when several slurmd run
+#   Slurm 26.05+ (v2) names the job directory by its SLUID instead of job_<id>
+#       (.../slurmstepd.scope/sEKNKTV3WPV500/step_0/...) unless cgroup.conf has
+#       CgroupJobIdPaths=yes (26.05.2+).
+# A SLUID is "s" + 13 Crockford base32 digits of a 64-bit number made of a
+# cluster id, a millisecond timestamp and a sequence number (Slurm's
+# src/common/sluid.c): the job id cannot be computed from it. The collector
+# then reads SLURM_JOB_ID from the environment of one process of that job
+# (bounded: ENVIRON_MAX_BYTES per read, ENVIRON_MAX_READS per cycle, one success
+# per SLUID). The environment is the job owner's to change, so that job_id is
+# only as trustworthy as the job's user; the sluid label (from the path) and the
+# user label (from the kernel's uid) are not. Without an answer (no such
+# variable, e.g. an ssh session adopted into step_extern; unreadable) the SLUID
+# itself is the job_id.
+
+SLURM_V1_ROOT_RE = re.compile(r"slurm(?:_[A-Za-z0-9._-]{1,200})?")
+SLURM_V2_SCOPE_RE = re.compile(r"(?:[A-Za-z0-9._-]{1,200}_)?slurmstepd\.scope")
+JOB_DIR_RE = re.compile(r"job_([1-9][0-9]{0,9})")
+JOB_ID_RE = re.compile(r"([1-9][0-9]{0,9})")
+UID_DIR_RE = re.compile(r"uid_([0-9]{1,10})")
+HIERARCHY_RE = re.compile(r"[0-9]{1,10}")
+# 's' + 13 digits of "0123456789ABCDEFGHJKMNPQRSTVWXYZ"; the first carries 4 bits.
+SLUID_RE = re.compile(r"s[0-9A-F][0-9A-HJKMNP-TV-Z]{12}", re.IGNORECASE)
+MAX_JOB_ID = 0xFFFFFFFD  # 0xFFFFFFFE/0xFFFFFFFF are Slurm's NO_VAL/INFINITE
+MAX_UID = 0xFFFFFFFE  # (uid_t)-1 is not a user
+CGROUP_MAX_BYTES = 64 << 10  # /proc/PID/cgroup and /proc/PID/status
+MAX_CGROUP_LINE = 8192  # the kernel's cgroup paths are at most PATH_MAX (4096)
+ENVIRON_MAX_BYTES = 512 << 10  # ARG_MAX-sized environments are cut, never the answer
+ENVIRON_MAX_READS = 32
+
+
+class CgroupJob(NamedTuple):
+    job_id: str  # Slurm job id; "" when the cgroup names the job by its SLUID
+    uid: int | None  # from a cgroup v1 uid_<N> component
+    sluid: str = ""  # Slurm 26.05+ job directory name, upper case
+
+
+def parse_slurm_cgroup(text: str) -> CgroupJob | None:
+    """/proc/PID/cgroup text -> the Slurm job of the first line that names one."""
+    for line in text.splitlines():
+        job = slurm_job_of_path(cgroup_line_path(line))
+        if job is not None:
+            return job
+    return None
+
+
+def cgroup_line_path(line: str) -> str:
+    """'12:freezer:/slurm/uid_1/job_3' or '0::/system.slice/...' -> the path, else ''."""
+    parts = line.split(":", 2)
+    if len(line) > MAX_CGROUP_LINE or len(parts) != 3 or not HIERARCHY_RE.fullmatch(parts[0]):
+        return ""
+    return parts[2] if parts[2].startswith("/") else ""
+
+
+def slurm_job_of_path(path: str) -> CgroupJob | None:
+    parts = [*path.split("/"), "", ""]
+    for i, part in enumerate(parts[:-2]):
+        if SLURM_V2_SCOPE_RE.fullmatch(part):
+            job = job_dir(parts[i + 1], None)
+        elif SLURM_V1_ROOT_RE.fullmatch(part):
+            uid = bounded_int(UID_DIR_RE, parts[i + 1], MAX_UID)
+            job = job_dir(parts[i + 1 if uid is None else i + 2], uid)
+        else:
+            continue
+        if job is not None:
+            return job
+    return None
+
+
+def job_dir(name: str, uid: int | None) -> CgroupJob | None:
+    """'job_3' or 'sEKNKTV3WPV500' (the directory below the Slurm root) -> CgroupJob."""
+    job_id = bounded_int(JOB_DIR_RE, name, MAX_JOB_ID)
+    if job_id is not None:
+        return CgroupJob(str(job_id), uid)
+    if SLUID_RE.fullmatch(name):
+        return CgroupJob("", uid, "s" + name[1:].upper())
+    return None
+
+
+def bounded_int(pattern: re.Pattern[str], text: str, maximum: int) -> int | None:
+    match = pattern.fullmatch(text)
+    value = int(match.group(1)) if match else None
+    return value if value is not None and value <= maximum else None
+
+
+def parse_status_uid(text: str) -> int | None:
+    match = re.search(r"^Uid:\s+([0-9]{1,10})\s", text + "\n", re.MULTILINE)
+    return int(match.group(1)) if match else None
+
+
+def environ_job_id(data: bytes) -> str:
+    """First SLURM_JOB_ID=<valid id> of /proc/PID/environ bytes, else ''.
+
+    Entries end in NUL, so the last piece of a split is empty or was cut by the
+    read limit: it is never used.
+    """
+    for entry in data.split(b"\0")[:-1]:
+        if entry.startswith(b"SLURM_JOB_ID="):
+            text = entry[len(b"SLURM_JOB_ID=") :].decode("ascii", "replace")
+            job_id = bounded_int(JOB_ID_RE, text, MAX_JOB_ID)
+            return "" if job_id is None else str(job_id)
+    return ""
+
+
+class SluidResolver:
+    """SLUID -> job id for one cycle, from the environment of the job's processes."""
+
+    def __init__(self, proc_root: str, max_reads: int = ENVIRON_MAX_READS) -> None:
+        self.proc_root = proc_root
+        self.reads_left = max_reads
+        self.ids: dict[str, str] = {}
+
+    def learn(self, sluid: str, pid: int) -> None:
+        if sluid in self.ids or self.reads_left <= 0:
+            return
+        self.reads_left -= 1
+        data = _read_bytes(os.path.join(self.proc_root, str(pid), "environ"), ENVIRON_MAX_BYTES)
+        job_id = environ_job_id(data or b"")
+        if job_id:
+            self.ids[sluid] = job_id
+
+
+def user_name(uid: int | None) -> str:
+    if uid is None:
+        return ""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return str(uid)
+
+
+def _read_bytes(path: str, limit: int) -> bytes | None:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(limit)
+    except OSError:
+        return None
+
+
+def _read_text(path: str, limit: int = STATE_MAX_BYTES) -> str | None:
+    data = _read_bytes(path, limit)
+    return None if data is None else data.decode("utf-8", "replace")
+
+
+class JobRef(NamedTuple):
+    job_id: str  # "" until a SLUID is resolved (see job_label)
+    user: str
+    sluid: str = ""
+
+
+def job_of_pid(proc_root: str, pid: int, resolver: SluidResolver | None = None) -> JobRef | None:
+    pid_dir = os.path.join(proc_root, str(pid))
+    parsed = parse_slurm_cgroup(_read_text(os.path.join(pid_dir, "cgroup"), CGROUP_MAX_BYTES) or "")
+    if parsed is None:
+        return None
+    uid = parsed.uid
+    if uid is None:
+        uid = parse_status_uid(_read_text(os.path.join(pid_dir, "status"), CGROUP_MAX_BYTES) or "")
+    if parsed.sluid and resolver is not None:
+        resolver.learn(parsed.sluid, pid)
+    return JobRef(parsed.job_id, user_name(uid), parsed.sluid)
+
+
+def job_label(job: JobRef, sluid_ids: dict[str, str]) -> str:
+    """The job_id label: the id, the id learned for the SLUID, else the SLUID."""
+    return job.job_id or sluid_ids.get(job.sluid, "") or job.sluid
+
+
+def jobs_by_gpu(
+    apps: Iterable[ComputeApp], lookup: Callable[[int], JobRef | None]
+) -> dict[str, set[JobRef]]:
+    """gpu uuid -> {JobRef}: one entry per (GPU, job), never per PID."""
+    out: dict[str, set[JobRef]] = {}
+    for app in apps:
+        job = lookup(app.pid)
+        if job is not None:
+            out.setdefault(app.gpu_uuid, set()).add(job)
+    return out

@@ -1,0 +1,116 @@
+"""Kernel-log sources of XID lines: journald, /dev/kmsg, a file."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from typing import Any
+
+from .health import count_xids, parse_xid_lines
+from .model import JOURNAL_MAX_BYTES, XID_FILE_MAX_BYTES, CollectorError
+from .run import run_command
+from .slurm import _read_text
+from .state import log
+
+
+def read_xid_file(path: str, state: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """New complete lines since the stored offset (restart if rotated/truncated).
+
+    At most XID_FILE_MAX_BYTES per cycle: a backlog is read over several cycles.
+    """
+    st = os.stat(path)
+    offset = int(state.get("offset", 0))
+    if state.get("inode") != st.st_ino or st.st_size < offset:
+        offset = 0
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        data = handle.read(XID_FILE_MAX_BYTES)
+    end = data.rfind(b"\n") + 1
+    if end == 0 and len(data) == XID_FILE_MAX_BYTES:  # one line longer than that: skip it
+        return [], {"inode": st.st_ino, "offset": offset + len(data)}
+    lines = data[:end].decode("utf-8", "replace").splitlines()
+    return lines, {"inode": st.st_ino, "offset": offset + end}
+
+
+def read_xid_journald(state: dict[str, Any], timeout: float) -> tuple[list[str], dict[str, Any]]:
+    argv = ["journalctl", "-k", "-b", "-q", "--no-pager", "-o", "cat", "--show-cursor"]
+    if state.get("cursor"):
+        argv.append("--after-cursor=" + str(state["cursor"]))
+    result = run_command(argv, timeout, JOURNAL_MAX_BYTES, keep_tail=True)
+    if result.truncated:
+        log(f"kernel log backlog over {JOURNAL_MAX_BYTES} bytes: only its newest lines are read")
+    # journalctl -b exits 1 with no output when this boot has no kernel entries yet
+    # (seen in containers): nothing new, not a failure.
+    if result.returncode == 1 and not result.stdout.strip():
+        # A cursor the journal no longer knows (vacuumed, new machine-id) is dropped.
+        stale = "cursor" in result.stderr.lower()
+        return [], {"cursor": None if stale else state.get("cursor")}
+    if result.error is not None:
+        raise CollectorError("exec_error", f"journalctl rc={result.returncode}")
+    lines, cursor = [], state.get("cursor")
+    for line in result.stdout.splitlines():
+        if line.startswith("-- cursor: "):
+            cursor = line[len("-- cursor: ") :].strip()
+        else:
+            lines.append(line)
+    return lines, {"cursor": cursor}
+
+
+def parse_kmsg_record(record: str) -> tuple[int, str] | None:
+    """'6,1234,5678,-;NVRM: Xid ...' -> (1234, message)."""
+    head, sep, message = record.partition(";")
+    fields = head.split(",")
+    if not sep or len(fields) < 3 or not re.fullmatch(r"[0-9]{1,19}", fields[1]):
+        return None
+    return int(fields[1]), message.split("\n", 1)[0]
+
+
+def read_xid_kmsg(
+    state: dict[str, Any], device: str = "/dev/kmsg"
+) -> tuple[list[str], dict[str, Any]]:
+    boot_id = (_read_text("/proc/sys/kernel/random/boot_id") or "").strip()
+    last = int(state.get("seq", -1)) if state.get("boot_id") == boot_id else -1
+    lines, newest = [], last
+    fd = os.open(device, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:  # records overwritten; keep reading
+                    continue
+                raise
+            if not chunk:
+                break
+            parsed = parse_kmsg_record(chunk.decode("utf-8", "replace"))
+            if parsed and parsed[0] > last:
+                newest = max(newest, parsed[0])
+                lines.append(parsed[1])
+    finally:
+        os.close(fd)
+    return lines, {"boot_id": boot_id, "seq": newest}
+
+
+def collect_xids(source: str, state: dict[str, Any], timeout: float) -> tuple[dict[str, Any], bool]:
+    """Read new kernel-log lines and add them to the counters: (new state, ok).
+
+    The state (counts, read position, last known PCI -> GPU map) is persisted by
+    the caller, so counters never reset between one-shot runs.
+    """
+    counts = {str(k): int(v) for k, v in dict(state.get("counts", {})).items()}
+    position = dict(state.get("position", {})) if state.get("source") == source else {}
+    try:
+        if source == "journald":
+            lines, position = read_xid_journald(position, timeout)
+        elif source == "kmsg":
+            lines, position = read_xid_kmsg(position)
+        else:
+            lines, position = read_xid_file(source, position)
+    except (OSError, CollectorError) as exc:
+        log(f"XID source {source}: {exc}")
+        return state, False
+    counts = count_xids(counts, parse_xid_lines(lines))
+    return {**state, "counts": counts, "position": position, "source": source}, True

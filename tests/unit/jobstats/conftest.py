@@ -1,0 +1,42 @@
+"""A real Prometheus (Debian sid's) on loopback, backfilled with jobstats_scenario's jobs."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/unit: sid_deb
+
+import sid_deb
+from jobstats_scenario import write_series
+from jobstats_synth import Job, backfill, prometheus
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def sid_binary(package: str, cache: str, name: str) -> Path:
+    try:
+        return sid_deb.unpacked(package, ROOT / ".cache" / cache) / "usr" / "bin" / name
+    except sid_deb.DebUnavailable as error:
+        pytest.fail(
+            f"{error}; the jobstats tests run a real Prometheus (needs apt access to a "
+            "Debian mirror, see molecule/testbed/debian_suite.py)",
+            pytrace=False,
+        )
+
+
+@pytest.fixture(scope="session")
+def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Job, Job]]:
+    """(URL, the finished job, the running job) of a backfilled Prometheus."""
+    promtool = sid_binary("promtool", "promtool", "promtool")
+    binary = sid_binary("prometheus", "prometheus", "prometheus")
+    work = tmp_path_factory.mktemp("jobstats-tsdb")
+    now = time.time()
+    job, other = write_series(work / "series.om", now)
+    backfill(promtool, work / "series.om", work / "tsdb", max_block="2h")
+    with prometheus(binary, work / "tsdb") as url:
+        yield url, job, other

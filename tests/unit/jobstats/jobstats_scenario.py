@@ -1,0 +1,119 @@
+"""The known scenario of the live jobstats tests (see conftest.py), as OpenMetrics text.
+
+Job 4242 (alice/physics) held GPUs 0-3 of n1 and 0-1 of n2 for exactly 2 h, ended an hour
+or more ago, with known per-GPU utilization (UTIL; n1:2 and n1:3 idle). Job 4343 (bob/chem)
+runs now on n2's GPUs 2-3. Outside their jobs the GPUs are at 100 %, so a report that reads
+outside the job's span is off by far more than sampling error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jobstats_synth import Job, job_families, labels, write_family
+
+STEP = 30
+GIB = 1024**3
+# (node, gpu) -> (mean utilization %, jitter amplitude): value = mean + jitter * (k - 2),
+# k = (t / 30) % 5, so a run of whole 5-sample cycles averages exactly the mean.
+UTIL = {
+    ("n1", 0): (80.0, 5.0),
+    ("n1", 1): (60.0, 5.0),
+    ("n1", 2): (1.0, 0.5),
+    ("n1", 3): (0.0, 0.0),
+    ("n2", 0): (90.0, 5.0),
+    ("n2", 1): (40.0, 3.0),
+}
+MEM_USED_GIB = {("n1", 0): 30.0, ("n1", 1): 30.0, ("n2", 0): 60.0, ("n2", 1): 10.0}
+CPU = {"n1": 0.25, "n2": 0.5}
+
+
+def build_jobs(now: float) -> tuple[Job, Job, int]:
+    hour = int(now) // 3600 * 3600
+    done = Job("4242", "alice", "physics", "gpu", hour - 3 * 3600, hour - 3600,
+               {"n1": [0, 1, 2, 3], "n2": [0, 1]})  # fmt: skip
+    running = Job("4343", "bob", "chem", "gpu", hour - 3600, int(now) // STEP * STEP,
+                  {"n2": [2, 3]})  # fmt: skip
+    return done, running, hour
+
+
+def util(job: Job, other: Job, node: str, gpu: int, t: int) -> float:
+    if job.running_at(t) and gpu in job.gpus.get(node, []):
+        mean, jitter = UTIL[(node, gpu)]
+        return mean + jitter * ((t // STEP) % 5 - 2)
+    if other.running_at(t) and gpu in other.gpus.get(node, []):
+        return 70.0
+    return 100.0
+
+
+def write_series(path: Path, now: float) -> tuple[Job, Job]:
+    job, other, hour = build_jobs(now)
+    times = list(range(job.start - 3600, int(now) // STEP * STEP + 1, STEP))
+    gpus = [(node, gpu) for node in ("n1", "n2") for gpu in range(4)]
+    base = {"cluster": "c1", "gpu_model": "H100", "partition": "gpu", "rack": "r1"}
+
+    def gpu_series(value: object) -> list:
+        return [
+            (labels(**base, gpu=str(g), node=n), lambda t, n=n, g=g: value(n, g, t))  # type: ignore[operator]
+            for n, g in gpus
+        ]
+
+    def mem(n: str, g: int, t: int) -> float:
+        busy = job.running_at(t) and (n, g) in MEM_USED_GIB
+        return (MEM_USED_GIB[(n, g)] if busy else 1.0) * GIB
+
+    def power(n: str, g: int, t: int) -> float:
+        return 60.0 + 3 * util(job, other, n, g, t)
+
+    def idle_hours(t: int) -> float:
+        overlap = min(t, job.end) - max(t - 3600, job.start)
+        return 2 * max(0, overlap) / 3600
+
+    families = {
+        "gpu:utilization_percent:max": gpu_series(lambda n, g, t: util(job, other, n, g, t)),
+        "gpu:memory_used_bytes:sum": gpu_series(mem),
+        "gpu:memory_total_bytes:sum": gpu_series(lambda n, g, t: 80.0 * GIB),
+        "gpu:power_draw_watts:max": gpu_series(power),
+        "node:cpu_utilization:ratio": [
+            (labels(**base, node=n), lambda t, n=n: CPU[n] if job.running_at(t) else 0.9)
+            for n in CPU
+        ],
+        "node:memory_utilization:ratio": [(labels(**base, node=n), lambda t: 0.3) for n in CPU],
+        "node:memory_total_bytes:sum": [
+            (labels(**base, node=n), lambda t: 512.0 * GIB) for n in CPU
+        ],
+        "node:cpus:count": [(labels(**base, node=n), lambda t: 64.0) for n in CPU],
+        **job_families([job, other]),
+        "slurm_job_gpu:gpu_utilization_percent:max": [
+            (
+                labels(
+                    account=j.account,
+                    cluster="c1",
+                    gpu=str(g),
+                    job_id=j.job_id,
+                    node=n,
+                    partition=j.partition,
+                    user=j.user,
+                ),
+                lambda t, j=j, n=n, g=g: util(job, other, n, g, t) if j.running_at(t) else None,
+            )
+            for j in (job, other)
+            for n, indices in j.gpus.items()
+            for g in indices
+        ],
+        "slurm_user:gpu_hours_allocated_idle:sum1h": [
+            (labels(cluster="c1", user="alice"), idle_hours),
+            (labels(cluster="c1", user="bob"), lambda t: 0.0),
+        ],
+        "slurm_account:gpu_hours_allocated_idle:sum1h": [
+            (labels(account="physics", cluster="c1"), idle_hours),
+            (labels(account="chem", cluster="c1"), lambda t: 0.0),
+        ],
+        "cluster:gpu_hours_allocated_idle:sum1h": [(labels(cluster="c1"), idle_hours)],
+    }
+    with path.open("w", encoding="utf-8") as out:
+        for name, series in families.items():
+            write_family(out, name, series, times)
+        out.write("# EOF\n")
+    assert hour  # the layout is relative to the current hour
+    return job, other

@@ -1,0 +1,143 @@
+"""The Prometheus client's one-line errors, basic auth and the inventory's URLs."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from jobstats_synth import free_port
+
+from gpufleet.cli import build_parser, main
+from gpufleet.jobstats.promapi import PromClient, PromError
+from gpufleet.jobstats.targets import from_inventory
+from gpufleet.nodelist import load_node_list
+
+# path -> (status, body); every request's Authorization header is recorded
+ANSWERS: dict[str, tuple[int, bytes]] = {}
+SEEN_AUTH: list[str] = []
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        SEEN_AUTH.append(self.headers.get("Authorization", ""))
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        status, body = ANSWERS.get(self.server.mode, (200, b"{}"))  # type: ignore[attr-defined]
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[http.server.HTTPServer]:
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def url_of(httpd: http.server.HTTPServer) -> str:
+    return f"http://127.0.0.1:{httpd.server_address[1]}"
+
+
+ERROR_CASES = {
+    "http500": (500, b"boom", "HTTP 500 Internal Server Error"),
+    "bad_query": (
+        400,
+        json.dumps({"status": "error", "error": "parse error:\n  at char 3"}).encode(),
+        "HTTP 400 Bad Request: parse error: at char 3",
+    ),
+    "not_json": (200, b"<html>proxy login</html>", "answer is not JSON (not a Prometheus API?)"),
+    "not_api": (200, b"[1, 2]", "answer is not the Prometheus API's JSON"),
+    "api_error": (
+        200,
+        json.dumps({"status": "error", "error": "too many samples", "data": {}}).encode(),
+        "too many samples",
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", ERROR_CASES)
+def test_errors_are_one_line(
+    server: http.server.HTTPServer, capsys: pytest.CaptureFixture[str], mode: str
+) -> None:
+    status, body, message = ERROR_CASES[mode]
+    server.mode = mode  # type: ignore[attr-defined]
+    ANSWERS[mode] = (status, body)
+    assert main(["jobstats", "12", "--prometheus", url_of(server)]) == 3
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+
+
+def test_connection_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    assert main(["report", "idle", "--prometheus", url]) == 3
+    err = capsys.readouterr().err
+    assert err == f"gpufleet report: {url}: cannot connect: [Errno 111] Connection refused\n"
+
+
+def test_not_a_url() -> None:
+    with pytest.raises(PromError, match="is not an http"):
+        PromClient("file:///etc/passwd")
+
+
+def test_basic_auth_password_from_file_or_env(
+    server: http.server.HTTPServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server.mode = "empty"  # type: ignore[attr-defined]
+    ANSWERS["empty"] = (200, json.dumps({"status": "success", "data": {}}).encode())
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret\n", encoding="utf-8")
+    SEEN_AUTH.clear()
+    main(["jobstats", "12", "--prometheus", url_of(server), "--user", "ops", "--password-file",
+          str(secret)])  # fmt: skip
+    monkeypatch.setenv("GPUFLEET_PROMETHEUS_PASSWORD", "fromenv")
+    main(["jobstats", "12", "--prometheus", url_of(server), "--user", "ops"])
+    sent = {base64.b64decode(h.split()[1]).decode() for h in SEEN_AUTH}
+    assert sent == {"ops:s3cret", "ops:fromenv"}
+
+
+def test_no_password_option_on_argv() -> None:
+    for argv in (["jobstats", "1", "--prometheus", "http://x"], ["report", "idle", "-i", "x"]):
+        args = vars(build_parser().parse_args(argv))
+        assert "password" not in args
+
+
+def test_inventory_urls(tmp_path: Path) -> None:
+    nodes = tmp_path / "nodes.gpufleet.yml"
+    nodes.write_text(
+        """plugin: gpufleet
+cluster: c1
+nodes:
+  - hosts: "n[1-3]"
+    address: "10.9.0.{num}"
+servers:
+  - hosts: "mon[1-2]"
+    address: "10.9.1.{num}"
+monitoring:
+  shards: 3
+  replicas: 2
+  prometheus_hosts: "mon[1-2]"
+  global_hosts: mon1
+""",
+        encoding="utf-8",
+    )
+    where = from_inventory(load_node_list(str(nodes)), "https")
+    assert where.sharded
+    assert [(i.name, i.urls) for i in where.data] == [
+        ("shard-0", ("https://10.9.1.1:9091", "https://10.9.1.2:9091")),
+        ("shard-1", ("https://10.9.1.1:9092", "https://10.9.1.2:9092")),
+        ("shard-2", ("https://10.9.1.1:9093", "https://10.9.1.2:9093")),
+    ]
+    assert where.rollups is not None and where.rollups.urls == ("https://10.9.1.1:9090",)

@@ -1,0 +1,146 @@
+"""``gpufleet jobstats`` and ``gpufleet report idle`` against a real, backfilled Prometheus."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from jobstats_scenario import CPU, GIB, MEM_USED_GIB, UTIL
+from jobstats_synth import Job, free_port
+
+from gpufleet.cli import main
+
+Prom = tuple[str, Job, Job]
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_job_report_matches_the_known_load(prom: Prom, capsys: pytest.CaptureFixture[str]) -> None:
+    url, job, _ = prom
+    code, out, err = run(capsys, "jobstats", job.job_id, "--prometheus", url, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert (report["user"], report["account"], report["partition"]) == ("alice", "physics", "gpu")
+    assert report["start"] == pytest.approx(job.start, abs=60)
+    assert report["end"] == job.end
+    assert report["running"] is False
+    gpus = {(g["node"], int(g["gpu"])): g for g in report["gpus"]}
+    assert set(gpus) == set(UTIL)
+    for key, (mean, jitter) in UTIL.items():
+        assert gpus[key]["util_mean"] == pytest.approx(mean, abs=0.5), key
+        assert gpus[key]["util_max"] == pytest.approx(mean + 2 * jitter), key
+        assert gpus[key]["mem_total"] == 80 * GIB
+        expected_mem = MEM_USED_GIB.get(key, 1.0) * GIB
+        assert gpus[key]["mem_used_max"] == pytest.approx(expected_mem), key
+        assert gpus[key]["power_mean"] == pytest.approx(60 + 3 * mean, abs=1.5), key
+    assert [g["idle"] for g in report["gpus"]] == [False, False, True, True, False, False]
+    nodes = {n["node"]: n for n in report["nodes"]}
+    for node, cpu in CPU.items():
+        assert nodes[node]["cpu_mean"] == pytest.approx(cpu), node
+        assert nodes[node]["cpus"] == 64
+    assert nodes["n1"]["gpus_allocated"] == 4
+    assert report["verdict"] == "idle GPUs"
+    assert "n1: GPUs 2-3 stayed under 5 % utilization for the whole run" in report["advice"]
+    assert "request 4 GPUs instead of 6" in report["advice"]
+    assert report["missing"] == []
+
+
+def test_text_report_has_bars_and_advice(prom: Prom, capsys: pytest.CaptureFixture[str]) -> None:
+    url, job, _ = prom
+    code, out, _ = run(capsys, "jobstats", job.job_id, "--prometheus", url, "--stats")
+    assert code == 0
+    assert "n1:0" in out and "[################....]" in out  # 80 % of 20 columns
+    assert "verdict: idle GPUs" in out
+    assert "request 4 GPUs instead of 6" in out
+
+
+def test_running_job(prom: Prom, capsys: pytest.CaptureFixture[str]) -> None:
+    url, _, running = prom
+    code, out, err = run(capsys, "jobstats", running.job_id, "--prometheus", url, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["running"] is True
+    assert report["verdict"] == "good"
+    assert [g["util_mean"] for g in report["gpus"]] == [70.0, 70.0]
+
+
+def test_unknown_job_is_one_line(prom: Prom, capsys: pytest.CaptureFixture[str]) -> None:
+    url, _, _ = prom
+    code, out, err = run(capsys, "jobstats", "999999", "--prometheus", url)
+    assert code == 3 and out == ""
+    assert err.count("\n") == 1 and "job 999999: unknown" in err
+
+
+def test_job_outside_the_lookback(prom: Prom, capsys: pytest.CaptureFixture[str]) -> None:
+    url, job, _ = prom
+    code, _, err = run(capsys, "jobstats", job.job_id, "--prometheus", url, "--lookback", "1h")
+    assert code == 3
+    assert "raise --lookback or check the retention" in err
+
+
+def test_idle_report_from_the_recording_rules(
+    prom: Prom, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, _, _ = prom
+    code, out, err = run(capsys, "report", "idle", "--since", "24h", "--prometheus", url, "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    # job 4242: 2 idle GPUs for 2 h; bob's hours record 0 and are left out
+    assert result["by_user"] == [{"user": "alice", "gpu_hours": pytest.approx(4.0, abs=0.01)}]
+    assert result["by_account"] == [
+        {"account": "physics", "gpu_hours": pytest.approx(4.0, abs=0.01)}
+    ]
+
+
+@pytest.mark.parametrize(("threshold", "hours"), [("5", 4.0), ("50", 6.0)])
+def test_idle_report_with_a_threshold(
+    prom: Prom, capsys: pytest.CaptureFixture[str], threshold: str, hours: float
+) -> None:
+    """Raw per-GPU series at 5-minute steps: n1:2-3 under 5 %, and n2:1 (max 46 %) under 50 %."""
+    url, _, _ = prom
+    argv = ["report", "idle", "--since", "1d", "--threshold", threshold, "--prometheus", url]
+    code, out, err = run(capsys, *argv, "--json")
+    assert code == 0, err
+    by_user = {row["user"]: row["gpu_hours"] for row in json.loads(out)["by_user"]}
+    assert by_user == {"alice": pytest.approx(hours, abs=0.35)}
+
+
+def test_shard_down_from_the_inventory(
+    prom: Prom, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """shard-0 is the live Prometheus, shard-1 points at a closed port: the report comes
+    with one line naming the shard that is down, and a non-zero exit."""
+    url, job, _ = prom
+    port = int(url.rsplit(":", 1)[1])
+    nodes = tmp_path / "nodes.gpufleet.yml"
+    nodes.write_text(
+        f"""plugin: gpufleet
+cluster: c1
+nodes:
+  - hosts: "n[1-2]"
+    address: "10.9.0.{{num}}"
+    gpu: {{vendor: nvidia, model: H100, count: 4}}
+servers:
+  - hosts: mon1
+    address: 127.0.0.1
+    vars: {{prometheus_port_base: {port - 1}}}
+  - hosts: mon2
+    address: 127.0.0.2
+    vars: {{prometheus_port_base: {free_port() - 2}}}
+monitoring:
+  shards: 2
+  prometheus_hosts: "mon[1-2]"
+  global_hosts: mon1
+""",
+        encoding="utf-8",
+    )
+    code, out, err = run(capsys, "jobstats", job.job_id, "-i", str(tmp_path), "--json")
+    assert code == 3
+    assert json.loads(out)["verdict"] == "idle GPUs"
+    assert err.startswith("gpufleet jobstats: shard-1: no replica answers: http://127.0.0.2:")
+    assert err.count("\n") == 1

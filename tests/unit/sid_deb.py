@@ -1,0 +1,52 @@
+"""Debian sid packages for tests: downloaded and verified by apt, unpacked once.
+
+The download is molecule/testbed/debian_suite.py's (apt checks the suite's signatures); this
+module unpacks the .deb under ``.cache/<name>/<deb stem>/`` and returns that directory, so
+tests can run sid's promtool or prometheus without installing them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+DEBIAN_SUITE = ROOT / "molecule" / "testbed" / "debian_suite.py"
+
+
+class DebUnavailable(Exception):
+    """The package could not be downloaded (no apt access to a Debian mirror)."""
+
+
+def _debian_suite() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpufleet_debian_suite", DEBIAN_SUITE)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def unpacked(package: str, cache: Path, suite: str = "sid") -> Path:
+    """The root of ``package``'s unpacked .deb; older versions under ``cache`` are removed."""
+    try:
+        deb = _debian_suite().fetch(package, suite)
+    except (SystemExit, OSError, subprocess.SubprocessError) as error:
+        raise DebUnavailable(f"cannot fetch {package} from Debian {suite} ({error})") from error
+    target = cache / deb.stem
+    if not target.is_dir():
+        cache.mkdir(parents=True, exist_ok=True)
+        for stale in cache.iterdir():  # older versions, interrupted unpacks
+            shutil.rmtree(stale, ignore_errors=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".{deb.stem}.", dir=cache))
+        subprocess.run(
+            ["dpkg-deb", "-x", str(deb), str(partial)], check=True, capture_output=True, timeout=120
+        )
+        try:
+            partial.rename(target)
+        except OSError:  # a concurrent run unpacked it first
+            shutil.rmtree(partial, ignore_errors=True)
+    return target
