@@ -344,7 +344,7 @@ def test_slurmctlds_own_metrics_are_one_job_of_five_endpoints() -> None:
 
 
 def test_a_metrics_path_must_be_a_plain_absolute_path() -> None:
-    paths = filter_loader.get("gpufleet_metrics_paths")
+    paths = filter_loader.get("gpufleet_metrics_paths").j2_function
     group = {"targets": ["ctl:6817"], "labels": {"node": "ctl"}}
     assert paths([group], None) == [group]
     for bad in ("metrics/jobs", "/metrics?x=1", "/a b", 7):
