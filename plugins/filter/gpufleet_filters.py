@@ -60,6 +60,21 @@ def gpufleet_targets(
     return groups
 
 
+def gpufleet_metrics_paths(groups: list[dict], paths: list[str] | None) -> list[dict]:
+    """One target group per group and path, its __metrics_path__ set: one job scrapes
+    several endpoints of the same daemon (slurmctld's /metrics/nodes, /metrics/jobs...)."""
+    if not paths:
+        return groups
+    for path in paths:
+        if not isinstance(path, str) or not path.startswith("/") or any(c in path for c in "?# "):
+            raise ValueError(f"metrics path {path!r} is not an absolute URL path")
+    return [
+        {"targets": group["targets"], "labels": {**group["labels"], "__metrics_path__": path}}
+        for group in groups
+        for path in paths
+    ]
+
+
 def _port(value, default: int, host: str) -> int:
     """A TCP port from the inventory (a number or its text), else default."""
     value = default if value is None or value == "" else value
@@ -338,6 +353,7 @@ class FilterModule:
         return {
             "gpufleet_bcrypt": gpufleet_bcrypt,
             "gpufleet_targets": gpufleet_targets,
+            "gpufleet_metrics_paths": gpufleet_metrics_paths,
             "gpufleet_prometheus_port": gpufleet_prometheus_port,
             "gpufleet_shard_targets": gpufleet_shard_targets,
             "gpufleet_node_shards": gpufleet_node_shards,

@@ -84,7 +84,11 @@ def addresses(groups: list[dict]) -> dict[str, str]:
 # --- the registry itself -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("job", sorted(REGISTRY))
+# Entries gpufleet runs a role for; the others name the site's daemon that serves them.
+OWN = sorted(job for job, entry in REGISTRY.items() if "role" in entry)
+
+
+@pytest.mark.parametrize("job", OWN)
 def test_each_port_is_the_exporter_roles_default(job: str) -> None:
     entry = REGISTRY[job]
     defaults = load(ROLES / entry["role"] / "defaults" / "main.yml")
@@ -92,7 +96,7 @@ def test_each_port_is_the_exporter_roles_default(job: str) -> None:
     assert defaults[entry["port_variable"]] == entry["port"]
 
 
-@pytest.mark.parametrize("job", sorted(REGISTRY))
+@pytest.mark.parametrize("job", OWN)
 def test_each_group_is_where_site_yml_runs_the_role(job: str) -> None:
     entry = REGISTRY[job]
     (play,) = load(ROOT / "playbooks" / f"{entry['role']}.yml")
@@ -103,9 +107,12 @@ def test_each_group_is_where_site_yml_runs_the_role(job: str) -> None:
 
 
 def test_entries_are_complete() -> None:
-    required = {"role", "group", "port_variable", "port", "modes", "sharded", "firewall"}
+    required = {"group", "port_variable", "port", "modes", "sharded", "firewall"}
     for job, entry in REGISTRY.items():
         assert required <= set(entry), job
+        assert ("role" in entry) != ("served_by" in entry), f"{job}: role or served_by"
+        # gpufleet's firewall rule names the role that opens the port.
+        assert "role" in entry or not entry["firewall"], job
         assert set(entry["modes"]) <= {"standalone", "shard", "global"}, job
         assert ("down_inhibits" in entry) == ("down_alert" in entry), job
         assert set(entry.get("series") or {}) <= {"host", "per_cpu", "per_gpu"}, job
@@ -121,9 +128,9 @@ def test_python_reads_the_same_file() -> None:
 def test_jobs_of_each_mode_are_the_registrys() -> None:
     jobs = evaluate("prometheus", "_prometheus_jobs", "mon01", {"_instance": SHARD})
     assert jobs == {
-        "standalone": ["node", "dcgm", "slurm", "alertmanager", "ipmi"],
+        "standalone": ["node", "dcgm", "slurm", "alertmanager", "ipmi", "slurmctld"],
         "shard": ["node", "dcgm", "slurm", "ipmi"],
-        "global": ["alertmanager"],
+        "global": ["alertmanager", "slurmctld"],
     }
 
 
@@ -132,7 +139,7 @@ def test_targets_follow_each_entrys_group_and_port() -> None:
     found = targets(STANDALONE)
     for job, entry in REGISTRY.items():
         hosts = addresses(found[job])
-        assert sorted(hosts) == sorted(groups[entry["group"]]), job
+        assert sorted(hosts) == sorted(groups.get(entry["group"], [])), job
         assert {t.rsplit(":", 1)[1] for t in hosts.values()} <= {str(entry["port"])}, job
     # A shard scrapes the sharded exporters of its own hosts, every host of the others.
     shard = targets(SHARD)
@@ -296,3 +303,50 @@ def test_the_inventory_estimate_is_the_registrys() -> None:
         )
     )
     assert gpu001["gpufleet_expected_series"] == expected
+
+
+def test_slurmctlds_own_metrics_are_one_job_of_five_endpoints() -> None:
+    """Slurm 25.11+'s OpenMetrics, opt-in by group: each endpoint a target of the one job,
+    on the controller's own SlurmctldPort, scraped once (standalone or the global tier)."""
+    groups, hostvars = example_inventory()
+    (ctl,) = groups["slurm_controller"][:1]
+    groups = {**groups, "slurmctld_metrics": [ctl]}
+    hostvars = {**hostvars, ctl: {**hostvars[ctl], "slurmctld_port": 6820}}
+    found = targets(STANDALONE, inventory=(groups, hostvars))["slurmctld"]
+    address = f"{hostvars[ctl].get('ansible_host', ctl)}:6820"
+    assert [g["targets"] for g in found] == [[address]] * 5
+    assert [g["labels"]["__metrics_path__"] for g in found] == REGISTRY["slurmctld"][
+        "metrics_paths"
+    ]
+    assert all(g["labels"]["node"] == ctl for g in found)
+    jobs = {
+        mode: {
+            j["job_name"]: j
+            for j in yaml.safe_load(
+                render(
+                    "prometheus",
+                    "prometheus.yml.j2",
+                    "mon01",
+                    {"_instance": instance},
+                    (groups, hostvars),
+                )
+            )["scrape_configs"]
+        }
+        for mode, instance in (("standalone", STANDALONE), ("shard", SHARD), ("global", GLOBAL))
+    }
+    assert "slurmctld" not in jobs["shard"]  # cluster-wide gauges: never once per shard
+    for mode in ("standalone", "global"):
+        job = jobs[mode]["slurmctld"]
+        assert (job["scrape_interval"], job["honor_labels"]) == ("60s", True)
+    # Without the group nothing is scraped, and the firewall never touches Slurm's port.
+    assert targets(STANDALONE)["slurmctld"] == []
+    assert 6817 not in exporter_ports(firewall(ctl, inventory=(groups, hostvars)))
+
+
+def test_a_metrics_path_must_be_a_plain_absolute_path() -> None:
+    paths = filter_loader.get("gpufleet_metrics_paths").j2_function
+    group = {"targets": ["ctl:6817"], "labels": {"node": "ctl"}}
+    assert paths([group], None) == [group]
+    for bad in ("metrics/jobs", "/metrics?x=1", "/a b", 7):
+        with pytest.raises(ValueError, match="not an absolute URL path"):
+            paths([group], [bad])
