@@ -19,8 +19,12 @@ from dataclasses import dataclass, field
 
 from gpufleet.jobstats.promapi import PromClient
 
-# Slurm job ids: 123, array tasks 123_4, heterogeneous components 123+1.
-JOB_ID = re.compile(r"^[0-9]{1,12}(?:[_+][0-9]{1,9})?$")
+# Slurm job ids as the exporter labels them: the numeric JobId (an array task or a
+# heterogeneous component has one of its own).
+JOB_ID = re.compile(r"^[0-9]{1,12}$")
+# What squeue/sacct print for an array task (123_4) or a het component (123+1).
+DISPLAY_ID = re.compile(r"^[0-9]{1,12}[_+][0-9]{1,9}$")
+MAX_GPUS_PER_NODE = 4096
 # Node names and GPU indices as they may appear in a PromQL regex: nothing else passes.
 SAFE_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 SAFE_GPU = re.compile(r"^[0-9]{1,4}$")
@@ -61,8 +65,13 @@ class JobPlace:
 
 
 def check_job_id(job_id: str) -> str:
+    if DISPLAY_ID.fullmatch(job_id):
+        raise ValueError(
+            f"{job_id!r} is an array task or a heterogeneous component: give its own JobId "
+            "(squeue -o %A or sacct -X -o JobIDRaw)"
+        )
     if not JOB_ID.fullmatch(job_id):
-        raise ValueError(f"{job_id[:40]!r} is not a Slurm job id (123, 123_4 or 123+1)")
+        raise ValueError(f"{job_id[:40]!r} is not a Slurm job id (digits)")
     return job_id
 
 
@@ -80,6 +89,8 @@ def find_job(client: PromClient, job_id: str, lookback_s: int, now: float) -> Jo
         node = sample.labels.get("node", "")
         if not SAFE_NODE.fullmatch(node):
             continue  # a label we cannot put in a query is not a node we can report
+        if not 0 <= sample.value <= MAX_GPUS_PER_NODE:
+            continue  # not a GPU count (NaN, Inf or garbage)
         place.gpus_allocated[node] = int(sample.value)
         place.user = place.user or sample.labels.get("user", "")
         place.account = place.account or sample.labels.get("account", "")
@@ -92,16 +103,43 @@ def find_job(client: PromClient, job_id: str, lookback_s: int, now: float) -> Jo
     ends = client.query(f"max(max_over_time({ts}))", now)
     place.start = starts[0].value if starts else now
     place.end = ends[0].value if ends else now
+    span = f"[{max(60, round(place.end - place.start))}s]"
+    place.gpu_indices = recorded_gpus(client, job_id, place, span) or slurm_gpus(
+        client, job_id, place, span
+    )
+    return place
+
+
+def recorded_gpus(
+    client: PromClient, job_id: str, place: JobPlace, span: str
+) -> dict[str, list[str]]:
+    """The job's GPUs as the rules joined them at each instant (NVML index), over its span."""
+    series = f'slurm_job_gpu:gpu_utilization_percent:max{{job_id="{job_id}"}}'
+    out: dict[str, set[str]] = {}
+    for sample in client.query(f"max_over_time({series}{span})", place.end):
+        node, gpu = sample.labels.get("node", ""), sample.labels.get("gpu", "")
+        if node in place.gpus_allocated and SAFE_GPU.fullmatch(gpu):
+            out.setdefault(node, set()).add(gpu)
+    return {node: sorted(gpus, key=int) for node, gpus in out.items()}
+
+
+def slurm_gpus(client: PromClient, job_id: str, place: JobPlace, span: str) -> dict[str, list[str]]:
+    """Without the recorded series: Slurm's indices, translated through the device minors
+    the nodes reported during the job's span (not before: a map may have changed)."""
     index_selector = f'slurm_job_gpu_index_info{{job_id="{job_id}"}}'
     slurm_indices: dict[str, list[str]] = {}
-    for sample in client.query(f"max_over_time({index_selector}{window})", now):
+    for sample in client.query(f"max_over_time({index_selector}{span})", place.end):
         node, gpu = sample.labels.get("node", ""), sample.labels.get("gpu", "")
         if node in place.gpus_allocated and SAFE_GPU.fullmatch(gpu):
             slurm_indices.setdefault(node, []).append(gpu)
+    if not slurm_indices:
+        return {}
     minors = f'gpu:device_minor:info{{node=~"{node_regex(list(slurm_indices))}"}}'
-    pairs = client.query(f"max_over_time({minors}{window})", now) if slurm_indices else []
-    place.gpu_indices = nvml_indices(slurm_indices, minor_map(pair.labels for pair in pairs))
-    return place
+    pairs = client.query(f"max_over_time({minors}{span})", place.end)
+    labels = [pair.labels for pair in pairs]
+    return nvml_indices(
+        slurm_indices, minor_map(labels), {label.get("node", "") for label in labels}
+    )
 
 
 def minor_map(labels: Iterable[dict[str, str]]) -> dict[tuple[str, str], str]:
@@ -119,14 +157,17 @@ def minor_map(labels: Iterable[dict[str, str]]) -> dict[tuple[str, str], str]:
 
 
 def nvml_indices(
-    slurm_indices: dict[str, list[str]], minors: dict[tuple[str, str], str]
+    slurm_indices: dict[str, list[str]],
+    minors: dict[tuple[str, str], str],
+    reporting: set[str] | None = None,
 ) -> dict[str, list[str]]:
     """Each node's Slurm GPU indices as NVML indices, sorted.
 
-    A node with minors known maps each index through them and drops an index no GPU has
-    (or an ambiguous one); a node with none keeps Slurm's index (index = minor).
+    A node that reported minors (``reporting``, before ambiguous ones were dropped) maps
+    each index through them and drops an index no GPU has for sure; a node that reported
+    none keeps Slurm's index (index = minor, the rules' fallback).
     """
-    mapped_nodes = {node for node, _ in minors}
+    mapped_nodes = {node for node, _ in minors} | (reporting or set())
     out: dict[str, list[str]] = {}
     for node, indices in slurm_indices.items():
         if node in mapped_nodes:

@@ -9,13 +9,23 @@ from __future__ import annotations
 import base64
 import json
 import ssl
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-MAX_BODY = 64 * 1024 * 1024  # a response bigger than this is not a report we can print
+# A job report's answers are a sample per GPU or node: far below this.
+MAX_BODY = 8 * 1024 * 1024
+CHUNK = 64 * 1024
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error: urllib would resend the basic-auth header to its target."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
 
 
 class PromError(Exception):
@@ -41,7 +51,10 @@ class PromClient:
     def __post_init__(self) -> None:
         parsed = urllib.parse.urlsplit(self.url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise PromError(f"{self.url!r} is not an http(s):// URL")
+            raise PromError(f"{self.url[:200]!r} is not an http(s):// URL")
+        if "@" in parsed.netloc:
+            # It would be printed in every message: credentials go by --user.
+            raise PromError("a Prometheus URL carries no user or password (use --user)")
         self.url = self.url.rstrip("/")
 
     def _context(self) -> ssl.SSLContext | None:
@@ -63,19 +76,20 @@ class PromClient:
         if self.username is not None:
             token = base64.b64encode(f"{self.username}:{self.password or ''}".encode()).decode()
             request.add_header("Authorization", f"Basic {token}")
+        opener = urllib.request.build_opener(
+            _NoRedirect(), urllib.request.HTTPSHandler(context=self._context())
+        )
+        deadline = time.monotonic() + self.timeout
         try:
-            with urllib.request.urlopen(
-                request, timeout=self.timeout, context=self._context()
-            ) as response:
-                body = response.read(MAX_BODY + 1)
+            with opener.open(request, timeout=self.timeout) as response:
+                body = _read_until(response, deadline)
         except urllib.error.HTTPError as err:
-            raise PromError(f"{self.url}: HTTP {err.code} {err.reason}{_api_error(err)}") from err
+            reason = one_line(str(err.reason), 80)
+            raise PromError(f"{self.url}: HTTP {err.code} {reason}{_api_error(err)}") from err
         except urllib.error.URLError as err:
-            raise PromError(f"{self.url}: cannot connect: {err.reason}") from err
+            raise PromError(f"{self.url}: cannot connect: {one_line(str(err.reason))}") from err
         except (OSError, TimeoutError) as err:
-            raise PromError(f"{self.url}: {err}") from err
-        if len(body) > MAX_BODY:
-            raise PromError(f"{self.url}: answer larger than {MAX_BODY} bytes")
+            raise PromError(f"{self.url}: {one_line(str(err))}") from err
         return _data(self.url, body, self.stats if self.want_stats else None)
 
     def query(self, expr: str, at: float | None = None) -> list[Sample]:
@@ -84,11 +98,12 @@ class PromClient:
         if at is not None:
             params["time"] = f"{at:.3f}"
         data = self._get("/api/v1/query", params)
-        if data.get("resultType") == "scalar":
-            return [Sample({}, _number(data["result"][1]))]
-        if data.get("resultType") != "vector":
-            raise PromError(f"{self.url}: {expr}: expected a vector, got {data.get('resultType')}")
-        return [_sample(item) for item in data["result"]]
+        kind, result = data.get("resultType"), data.get("result")
+        if kind == "scalar" and isinstance(result, list) and len(result) == 2:
+            return [Sample({}, _number(result[1]))]
+        if kind != "vector" or not isinstance(result, list):
+            raise PromError(f"{self.url}: expected a vector, got {one_line(str(kind), 40)}")
+        return [_sample(item) for item in result]
 
     def query_range(
         self, expr: str, start: float, end: float, step: float
@@ -106,13 +121,35 @@ class PromClient:
             raise PromError(f"{self.url}: malformed range result") from err
 
 
+def one_line(text: str, limit: int = 300) -> str:
+    """A server's text for a one-line message: no control characters, bounded."""
+    flat = " ".join(text.split())
+    return "".join(ch if ch.isprintable() else "?" for ch in flat)[:limit]
+
+
+def _read_until(response: Any, deadline: float) -> bytes:
+    """The body, at most MAX_BODY + 1 bytes, read before the deadline (the socket timeout
+    bounds one read only: a server dripping bytes would hold a query forever)."""
+    parts: list[bytes] = []
+    size = 0
+    while size <= MAX_BODY:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the answer took longer than the timeout")
+        part = response.read(min(CHUNK, MAX_BODY + 1 - size))
+        if not part:
+            break
+        parts.append(part)
+        size += len(part)
+    return b"".join(parts)
+
+
 def _api_error(err: urllib.error.HTTPError) -> str:
     """Prometheus' own error text from an error response, shortened to one line."""
     try:
         text = json.loads(err.read(65536)).get("error", "")
     except (ValueError, AttributeError, OSError):
         return ""
-    return f": {' '.join(str(text).split())[:300]}" if text else ""
+    return f": {one_line(str(text))}" if text else ""
 
 
 def _data(url: str, body: bytes, stats: list[dict[str, Any]] | None) -> Any:
@@ -122,10 +159,10 @@ def _data(url: str, body: bytes, stats: list[dict[str, Any]] | None) -> Any:
         raise PromError(f"{url}: answer is not JSON (not a Prometheus API?)") from err
     if not isinstance(answer, dict) or not isinstance(answer.get("data"), dict):
         if isinstance(answer, dict) and answer.get("status") == "error":
-            raise PromError(f"{url}: {' '.join(str(answer.get('error')).split())[:300]}")
+            raise PromError(f"{url}: {one_line(str(answer.get('error')))}")
         raise PromError(f"{url}: answer is not the Prometheus API's JSON")
     if answer.get("status") != "success":
-        raise PromError(f"{url}: {' '.join(str(answer.get('error')).split())[:300]}")
+        raise PromError(f"{url}: {one_line(str(answer.get('error')))}")
     data = answer["data"]
     if stats is not None and isinstance(data.get("stats"), dict):
         stats.append(data["stats"])
@@ -136,11 +173,18 @@ def _number(value: Any) -> float:
     try:
         return float(value)
     except (TypeError, ValueError) as err:
-        raise PromError(f"malformed sample value {str(value)[:40]!r}") from err
+        raise PromError(f"malformed sample value {one_line(str(value), 40)!r}") from err
 
 
 def _sample(item: Any) -> Sample:
     try:
-        return Sample(dict(item["metric"]), _number(item["value"][1]))
+        labels = item["metric"]
+        if not isinstance(labels, dict):
+            raise TypeError("labels")
+        # Label values are strings in the API; anything else is not a Prometheus answer.
+        clean = {str(k): v for k, v in labels.items() if isinstance(v, str)}
+        if len(clean) != len(labels):
+            raise TypeError("label value")
+        return Sample(clean, _number(item["value"][1]))
     except (KeyError, TypeError, IndexError) as err:
         raise PromError("malformed vector sample") from err

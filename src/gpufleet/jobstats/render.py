@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict
 from typing import Any
@@ -87,7 +88,18 @@ def job_json(report: JobReport) -> str:
     data = asdict(report)
     for gpu in data["gpus"]:
         gpu["idle"] = gpu["util_max"] is not None and gpu["util_max"] < report.threshold
-    return json.dumps(data, indent=2)
+    return json.dumps(finite(data), indent=2, allow_nan=False)
+
+
+def finite(value: Any) -> Any:
+    """NaN and infinities (a sample Prometheus holds) as null: JSON has no such numbers."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [finite(item) for item in value]
+    return value
 
 
 def idle_text(result: dict[str, Any]) -> str:

@@ -136,8 +136,12 @@ def verdict(gpus: list[GpuStat], threshold: float) -> tuple[str, list[str]]:
             f"{node}: {word} {ranges(indices)} stayed under {threshold:g} % utilization "
             "for the whole run"
         )
-    busy = len(gpus) - len(idle)
-    if idle and busy > 0:
+    busy = len(measured) - len(idle)
+    unknown = len(gpus) - len(measured)
+    if idle and unknown:
+        # GPUs without figures may be busy or idle: no count to request can be given.
+        advice.append(f"{unknown} of the job's GPUs have no figures: see the missing-data lines")
+    elif idle and busy > 0:
         advice.append(f"request {busy} GPU{'s' if busy != 1 else ''} instead of {len(gpus)}")
     elif idle:
         advice.append(

@@ -141,3 +141,78 @@ monitoring:
         ("shard-2", ("https://10.9.1.1:9093", "https://10.9.1.2:9093")),
     ]
     assert where.rollups is not None and where.rollups.urls == ("https://10.9.1.1:9090",)
+
+
+class Redirect(http.server.BaseHTTPRequestHandler):
+    """A proxy's login redirect: the client must not follow it with the credentials."""
+
+    def do_POST(self) -> None:
+        SEEN_AUTH.append(self.headers.get("Authorization", ""))
+        self.send_response(302)
+        self.send_header("Location", f"http://127.0.0.1:{self.server.target_port}/api/v1/query")  # type: ignore[attr-defined]
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_redirect_is_an_error_and_the_credentials_stay(server: http.server.HTTPServer) -> None:
+    server.mode = "ok"  # type: ignore[attr-defined]
+    ANSWERS["ok"] = (
+        200,
+        json.dumps({"status": "success", "data": {"resultType": "vector", "result": []}}).encode(),
+    )
+    proxy = http.server.HTTPServer(("127.0.0.1", 0), Redirect)
+    proxy.target_port = server.server_address[1]  # type: ignore[attr-defined]
+    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
+    thread.start()
+    SEEN_AUTH.clear()
+    try:
+        client = PromClient(url_of(proxy), username="ops", password="s3cret")
+        with pytest.raises(PromError, match="HTTP 302"):
+            client.query("up")
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+    assert len(SEEN_AUTH) == 1, "the redirect target was asked too"
+
+
+def test_credentials_in_the_url_are_refused() -> None:
+    with pytest.raises(PromError, match="no user or password"):
+        PromClient("http://ops:s3cret@127.0.0.1:9090")
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        {"resultType": "vector"},
+        {"resultType": "vector", "result": 5},
+        {"resultType": "vector", "result": [{"metric": {"node": 7}, "value": [1, "1"]}]},
+        {"resultType": "scalar", "result": "x"},
+    ],
+)
+def test_malformed_answers_are_one_line_errors(
+    server: http.server.HTTPServer, result: dict
+) -> None:
+    server.mode = "malformed"  # type: ignore[attr-defined]
+    ANSWERS["malformed"] = (200, json.dumps({"status": "success", "data": result}).encode())
+    with pytest.raises(PromError):
+        PromClient(url_of(server)).query("up")
+
+
+def test_a_dripping_answer_is_cut_at_the_deadline() -> None:
+    """The socket timeout bounds one read only: the whole answer has a deadline."""
+    import time
+
+    from gpufleet.jobstats import promapi
+
+    class Drip:
+        def read(self, size: int) -> bytes:
+            time.sleep(0.05)
+            return b"x"
+
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        promapi._read_until(Drip(), start + 0.3)
+    assert time.monotonic() - start < 2

@@ -117,9 +117,16 @@ def test_merge_of_two_shards_parts() -> None:
     assert span_seconds(JobPlace("9", start=5, end=5)) == 60
 
 
-@pytest.mark.parametrize("job_id", ["1", "123456", "123_4", "77+1"])
+@pytest.mark.parametrize("job_id", ["1", "123456"])
 def test_job_ids(job_id: str) -> None:
     assert check_job_id(job_id) == job_id
+
+
+@pytest.mark.parametrize("job_id", ["123_4", "77+1"])
+def test_array_and_het_ids_ask_for_the_jobid(job_id: str) -> None:
+    """The exporter labels jobs by their own JobId: 123_4 would never be found."""
+    with pytest.raises(ValueError, match="give its own JobId"):
+        check_job_id(job_id)
 
 
 @pytest.mark.parametrize("job_id", ["", "abc", '1"} or up{x="', "1 ", "12_", "-1", "1" * 13])
@@ -138,6 +145,27 @@ def test_slurm_indices_are_device_minors_not_nvml_indices() -> None:
         "n1": ["2", "3"],
         "n2": ["0", "1"],
     }
+
+
+def test_a_node_whose_minors_are_all_ambiguous_is_not_taken_as_index_equals_minor() -> None:
+    """A map that changed inside the window (GPU replaced, rollout): both pairs of a minor
+    appear; the node reported minors, so nothing is guessed."""
+    samples = [{"node": "n1", "gpu": str(g), "minor": str(m)} for g, m in ((0, 0), (3, 0))]
+    minors = minor_map(samples)
+    assert minors == {}
+    assert nvml_indices({"n1": ["0"]}, minors, {"n1"}) == {"n1": []}
+    assert nvml_indices({"n1": ["0"]}, minors) == {"n1": ["0"]}  # never reported: fallback
+
+
+def test_gpus_without_figures_are_not_counted_as_busy() -> None:
+    def stat(gpu: str, util_max: float | None) -> GpuStat:
+        mean = None if util_max is None else util_max / 2
+        return GpuStat("n1", gpu, mean, util_max, None, None, None)
+
+    gpus = [stat("0", 1.0), stat("1", 2.0), stat("2", None), stat("3", None)]
+    _word, advice = verdict(gpus, 5.0)
+    assert not any("request" in line for line in advice), advice
+    assert any("2 of the job's GPUs have no figures" in line for line in advice), advice
 
 
 def test_an_ambiguous_or_hostile_minor_maps_nothing() -> None:
