@@ -22,12 +22,17 @@ class DebUnavailable(Exception):
     """The package could not be downloaded (no apt access to a Debian mirror)."""
 
 
-def _debian_suite() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpufleet_debian_suite", DEBIAN_SUITE)
+def load_module(name: str, path: Path) -> ModuleType:
+    """The Python file at ``path`` (not on sys.path, e.g. a role's plugin) as module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _debian_suite() -> ModuleType:
+    return load_module("gpufleet_debian_suite", DEBIAN_SUITE)
 
 
 def unpacked(package: str, cache: Path, suite: str = "sid") -> Path:
