@@ -10,11 +10,9 @@ Alertmanager binary of the same package delivers to an SMTP and a webhook sink.
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import socketserver
 import subprocess
-import tempfile
 import threading
 import time
 import urllib.request
@@ -23,9 +21,9 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+import sid_deb
 import yaml
 from render_role import ROOT, evaluate, render
-from test_rules import _debian_suite
 
 AMTOOL_025 = Path("/usr/bin/amtool")
 AMTOOL_CACHE = ROOT / ".cache" / "amtool"
@@ -44,23 +42,12 @@ IDLE = {"alertname": "SlurmJobGpuIdle", "cluster": "c1", "job_id": "7", "severit
 
 
 def _amtool_sid() -> Path:
+    """sid's amtool, unpacked from its apt-verified .deb into .cache/amtool/<deb name>/."""
     try:
-        deb = _debian_suite().fetch("prometheus-alertmanager", "sid")
-    except (SystemExit, OSError, subprocess.SubprocessError) as error:
-        pytest.fail(f"cannot fetch amtool from Debian sid ({error})", pytrace=False)
-    target = AMTOOL_CACHE / deb.stem
-    binary = target / "usr" / "bin" / "amtool"
-    if not binary.exists():
-        AMTOOL_CACHE.mkdir(parents=True, exist_ok=True)
-        for stale in AMTOOL_CACHE.iterdir():
-            shutil.rmtree(stale, ignore_errors=True)
-        partial = Path(tempfile.mkdtemp(prefix=f".{deb.stem}.", dir=AMTOOL_CACHE))
-        subprocess.run(["dpkg-deb", "-x", str(deb), str(partial)], check=True, timeout=120)
-        try:
-            partial.rename(target)
-        except OSError:  # a concurrent run unpacked it first
-            shutil.rmtree(partial, ignore_errors=True)
-    return binary
+        root = sid_deb.unpacked("prometheus-alertmanager", AMTOOL_CACHE)
+    except sid_deb.DebUnavailable as error:
+        pytest.fail(str(error), pytrace=False)
+    return root / "usr" / "bin" / "amtool"
 
 
 @pytest.fixture(scope="session", params=["0.25", "sid"], ids=["amtool025", "amtool-sid"])
