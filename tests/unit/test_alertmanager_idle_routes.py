@@ -24,6 +24,7 @@ import pytest
 import sid_deb
 import yaml
 from render_role import ROOT, evaluate, render
+from sid_deb import wait_ready
 
 AMTOOL_025 = Path("/usr/bin/amtool")
 AMTOOL_CACHE = ROOT / ".cache" / "amtool"
@@ -277,15 +278,11 @@ def test_owner_mail_and_one_digest_are_delivered(amtool: Path, tmp_path: Path) -
     config.write_text(render("alertmanager", "alertmanager.yml.j2", "mon01", settings))
     command = [str(binary), f"--config.file={config}", f"--storage.path={tmp_path / 'data'}",
                f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="]  # fmt: skip
-    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as server:
+    log = (tmp_path / "alertmanager.log").open("w+", encoding="utf-8")
+    with log, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT) as server:
         try:
             url = f"http://127.0.0.1:{port}"
-            for _ in range(100):
-                try:
-                    urllib.request.urlopen(f"{url}/-/ready", timeout=1)
-                    break
-                except OSError:
-                    time.sleep(0.1)
+            wait_ready(url, server, log, seconds=30)
             alerts = [_idle("7", "carol", "chem", "gpu001"), _idle("7", "carol", "chem", "gpu002"),
                       _idle("8", "alice", "chem", "gpu003"), _idle("9", "dave", "bio", "gpu004"),
                       _idle("10", "x@evil.org,y", "chem", "gpu005")]  # fmt: skip
