@@ -2,7 +2,8 @@
 
 The download is molecule/testbed/debian_suite.py's (apt checks the suite's signatures); this
 module unpacks the .deb under ``.cache/<name>/<deb stem>/`` and returns that directory, so
-tests can run sid's promtool or prometheus without installing them.
+tests can run sid's promtool or prometheus without installing them, and waits for such a
+daemon to be ready.
 """
 
 from __future__ import annotations
@@ -11,8 +12,11 @@ import importlib.util
 import shutil
 import subprocess
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 from types import ModuleType
+from typing import IO
 
 ROOT = Path(__file__).resolve().parents[2]
 DEBIAN_SUITE = ROOT / "molecule" / "testbed" / "debian_suite.py"
@@ -22,12 +26,17 @@ class DebUnavailable(Exception):
     """The package could not be downloaded (no apt access to a Debian mirror)."""
 
 
-def _debian_suite() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpufleet_debian_suite", DEBIAN_SUITE)
+def load_module(name: str, path: Path) -> ModuleType:
+    """The Python file at ``path`` (not on sys.path, e.g. a role's plugin) as module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _debian_suite() -> ModuleType:
+    return load_module("gpufleet_debian_suite", DEBIAN_SUITE)
 
 
 def unpacked(package: str, cache: Path, suite: str = "sid") -> Path:
@@ -50,3 +59,22 @@ def unpacked(package: str, cache: Path, suite: str = "sid") -> Path:
         except OSError:  # a concurrent run unpacked it first
             shutil.rmtree(partial, ignore_errors=True)
     return target
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes], log: IO[str], seconds: float) -> None:
+    """Until ``url``/-/ready answers (Prometheus and Alertmanager both serve it); ``log`` is
+    the daemon's output, whose tail says why it exited or never got ready."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            break
+        try:
+            with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    log.seek(0)
+    state = "not ready" if process.poll() is None else "exited"
+    raise RuntimeError(f"{process.args[0]} {state}: {log.read()[-2000:]}")

@@ -10,11 +10,9 @@ Alertmanager binary of the same package delivers to an SMTP and a webhook sink.
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import socketserver
 import subprocess
-import tempfile
 import threading
 import time
 import urllib.request
@@ -23,9 +21,10 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+import sid_deb
 import yaml
 from render_role import ROOT, evaluate, render
-from test_rules import _debian_suite
+from sid_deb import wait_ready
 
 AMTOOL_025 = Path("/usr/bin/amtool")
 AMTOOL_CACHE = ROOT / ".cache" / "amtool"
@@ -44,23 +43,12 @@ IDLE = {"alertname": "SlurmJobGpuIdle", "cluster": "c1", "job_id": "7", "severit
 
 
 def _amtool_sid() -> Path:
+    """sid's amtool, unpacked from its apt-verified .deb into .cache/amtool/<deb name>/."""
     try:
-        deb = _debian_suite().fetch("prometheus-alertmanager", "sid")
-    except (SystemExit, OSError, subprocess.SubprocessError) as error:
-        pytest.fail(f"cannot fetch amtool from Debian sid ({error})", pytrace=False)
-    target = AMTOOL_CACHE / deb.stem
-    binary = target / "usr" / "bin" / "amtool"
-    if not binary.exists():
-        AMTOOL_CACHE.mkdir(parents=True, exist_ok=True)
-        for stale in AMTOOL_CACHE.iterdir():
-            shutil.rmtree(stale, ignore_errors=True)
-        partial = Path(tempfile.mkdtemp(prefix=f".{deb.stem}.", dir=AMTOOL_CACHE))
-        subprocess.run(["dpkg-deb", "-x", str(deb), str(partial)], check=True, timeout=120)
-        try:
-            partial.rename(target)
-        except OSError:  # a concurrent run unpacked it first
-            shutil.rmtree(partial, ignore_errors=True)
-    return binary
+        root = sid_deb.unpacked("prometheus-alertmanager", AMTOOL_CACHE)
+    except sid_deb.DebUnavailable as error:
+        pytest.fail(str(error), pytrace=False)
+    return root / "usr" / "bin" / "amtool"
 
 
 @pytest.fixture(scope="session", params=["0.25", "sid"], ids=["amtool025", "amtool-sid"])
@@ -290,15 +278,11 @@ def test_owner_mail_and_one_digest_are_delivered(amtool: Path, tmp_path: Path) -
     config.write_text(render("alertmanager", "alertmanager.yml.j2", "mon01", settings))
     command = [str(binary), f"--config.file={config}", f"--storage.path={tmp_path / 'data'}",
                f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="]  # fmt: skip
-    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as server:
+    log = (tmp_path / "alertmanager.log").open("w+", encoding="utf-8")
+    with log, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT) as server:
         try:
             url = f"http://127.0.0.1:{port}"
-            for _ in range(100):
-                try:
-                    urllib.request.urlopen(f"{url}/-/ready", timeout=1)
-                    break
-                except OSError:
-                    time.sleep(0.1)
+            wait_ready(url, server, log, seconds=30)
             alerts = [_idle("7", "carol", "chem", "gpu001"), _idle("7", "carol", "chem", "gpu002"),
                       _idle("8", "alice", "chem", "gpu003"), _idle("9", "dave", "bio", "gpu004"),
                       _idle("10", "x@evil.org,y", "chem", "gpu005")]  # fmt: skip

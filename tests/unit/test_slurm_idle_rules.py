@@ -9,7 +9,6 @@ keeps job_id, user, account and partition through every instance's alert relabel
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 from pathlib import Path
@@ -17,6 +16,7 @@ from types import ModuleType
 
 import pytest
 import yaml
+from sid_deb import load_module
 from test_prometheus_config import config
 from test_rules import promtool  # noqa: F401  (the two-major promtool fixture)
 
@@ -28,11 +28,7 @@ OWNER_LABELS = {"job_id", "user", "account", "partition"}
 
 
 def _filter() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpufleet_slurm_idle", FILTER)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module("gpufleet_slurm_idle", FILTER)
 
 
 def _rendered(threshold: object, duration: str) -> str:

@@ -335,6 +335,23 @@ PLAYBOOK = """
 ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, "")
 
 
+def served_release(
+    tmp: Path, name: str, version: str, kind: str, file: str, pin: str, binaries: list
+) -> dict:
+    """upstream_release's ``release`` for a file served as tmp/served/file, pinned to
+    ``pin`` for this machine, installed into tmp/bin and cached under tmp/cache."""
+    return {
+        "name": name,
+        "version": version,
+        "kind": kind,
+        "url": f"file://{tmp / 'served'}/{file}",
+        "sha256": {version: {ARCH: pin}},
+        "binaries": binaries,
+        "install_dir": str(tmp / "bin"),
+        "download_dir": str(tmp / "cache"),
+    }
+
+
 def script(text: str) -> bytes:
     return f"#!/bin/sh\necho {text}\n".encode()
 
@@ -412,16 +429,15 @@ def test_tarball_installs_once_and_a_tampered_one_leaves_the_old_binary(tmp_path
         served / f"{top}.tar.gz", top, {"node_exporter": script("genuine"), "LICENSE": b"x"}
     )
     installed = tmp_path / "bin" / "node_exporter"
-    release = {
-        "name": "node_exporter",
-        "version": "1.0.0",
-        "kind": "tar.gz",
-        "url": f"file://{served}/node_exporter-1.0.0.linux-{{arch}}.tar.gz",
-        "sha256": {"1.0.0": {ARCH: genuine}},
-        "binaries": ["node_exporter-1.0.0.linux-{arch}/node_exporter"],
-        "install_dir": str(installed.parent),
-        "download_dir": str(tmp_path / "cache"),
-    }
+    release = served_release(
+        tmp_path,
+        "node_exporter",
+        "1.0.0",
+        "tar.gz",
+        "node_exporter-1.0.0.linux-{arch}.tar.gz",
+        genuine,
+        ["node_exporter-1.0.0.linux-{arch}/node_exporter"],
+    )
     installed.parent.mkdir()
 
     # Check mode on a fresh host: reported, nothing installed.
@@ -458,16 +474,15 @@ def test_zip_binary_is_installed_under_the_callers_name(tmp_path: Path) -> None:
     served = tmp_path / "served"
     served.mkdir()
     pin = zipped(served / f"loki-linux-{ARCH}.zip", {f"loki-linux-{ARCH}": script("loki")})
-    release = {
-        "name": "loki",
-        "version": "3.7.8",
-        "kind": "zip",
-        "url": f"file://{served}/loki-linux-{{arch}}.zip",
-        "sha256": {"3.7.8": {ARCH: pin}},
-        "binaries": [{"src": "loki-linux-{arch}", "dest": "loki"}],
-        "install_dir": str(tmp_path / "bin"),
-        "download_dir": str(tmp_path / "cache"),
-    }
+    release = served_release(
+        tmp_path,
+        "loki",
+        "3.7.8",
+        "zip",
+        "loki-linux-{arch}.zip",
+        pin,
+        [{"src": "loki-linux-{arch}", "dest": "loki"}],
+    )
     (tmp_path / "bin").mkdir()
     rc, output = play(tmp_path, release)
     assert rc == 0, output[-4000:]

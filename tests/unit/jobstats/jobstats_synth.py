@@ -11,13 +11,13 @@ import os
 import socket
 import subprocess
 import tempfile
-import time
-import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+from sid_deb import wait_ready
 
 # one series: its label text ({a="b",...}) and its value at a time, or None (no sample)
 Series = tuple[str, Callable[[int], float | None]]
@@ -138,7 +138,7 @@ def prometheus(binary: Path, tsdb: Path, retention: str = "30d") -> Iterator[str
         )
         url = f"http://127.0.0.1:{port}"
         try:
-            wait_ready(url, process, log)
+            wait_ready(url, process, log, seconds=120)
             yield url
         finally:
             process.terminate()
@@ -148,19 +148,3 @@ def prometheus(binary: Path, tsdb: Path, retention: str = "30d") -> Iterator[str
                 process.kill()
                 process.wait()
             log.close()
-
-
-def wait_ready(url: str, process: subprocess.Popen[bytes], log: IO[str]) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"prometheus exited: {log.read()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("prometheus not ready after 120 s")

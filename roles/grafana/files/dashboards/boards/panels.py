@@ -24,22 +24,25 @@ from .queries import LOKI, PROM, Query
 Panel = cogbuilder.Builder[dm.Panel]
 Item = cogbuilder.Builder[dm.RowPanel] | list[Panel]  # a row, or one line of panels
 
-LOGS_LINK = db.DashboardLink("Logs of ${__field.labels.node}").url(
-    "/d/gpufleet-logs/logs?var-node=${__field.labels.node}&${__url_time_range}"
-    "&var-cluster=${cluster}"
-)
+
+def dashboard_link(title: str, dashboard: str, var: str, value: str) -> db.DashboardLink:
+    """A link to another gpufleet dashboard with ``var`` set to ``value``, keeping the
+    time range and cluster."""
+    return db.DashboardLink(f"{title} {value}").url(
+        f"/d/{dashboard}?var-{var}={value}&${{__url_time_range}}&var-cluster=${{cluster}}"
+    )
+
+
+LOGS_LINK = dashboard_link("Logs of", "gpufleet-logs/logs", "node", "${__field.labels.node}")
 # The Slurm job dashboard of the job in a row (tables: the job_id column) or a series.
-JOB_ROW_LINK = db.DashboardLink("Slurm job ${__data.fields.job_id}").url(
-    "/d/gpufleet-slurm-job/slurm-job?var-job_id=${__data.fields.job_id}"
-    "&${__url_time_range}&var-cluster=${cluster}"
+JOB_ROW_LINK = dashboard_link(
+    "Slurm job", "gpufleet-slurm-job/slurm-job", "job_id", "${__data.fields.job_id}"
 )
-JOB_SERIES_LINK = db.DashboardLink("Slurm job ${__field.labels.job_id}").url(
-    "/d/gpufleet-slurm-job/slurm-job?var-job_id=${__field.labels.job_id}"
-    "&${__url_time_range}&var-cluster=${cluster}"
+JOB_SERIES_LINK = dashboard_link(
+    "Slurm job", "gpufleet-slurm-job/slurm-job", "job_id", "${__field.labels.job_id}"
 )
-NODE_LINK = db.DashboardLink("Node detail: ${__field.labels.node}").url(
-    "/d/gpufleet-node-detail/node-detail?var-node=${__field.labels.node}"
-    "&${__url_time_range}&var-cluster=${cluster}"
+NODE_LINK = dashboard_link(
+    "Node detail:", "gpufleet-node-detail/node-detail", "node", "${__field.labels.node}"
 )
 
 

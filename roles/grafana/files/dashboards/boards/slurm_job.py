@@ -111,20 +111,8 @@ def _nodes() -> list[Panel]:
     used = f"({total} - node:memory_available_bytes:sum{{{CL}}})"
     memory = target(on_job_nodes(f"{used} / {total}"), "{{node}}")
     return [
-        panels.timeseries(
-            "CPU utilization per node",
-            [cpu],
-            "percentunit",
-            minmax=(0, 1),
-            links=[panels.NODE_LINK],
-        ),
-        panels.timeseries(
-            "Memory used per node",
-            [memory],
-            "percentunit",
-            minmax=(0, 1),
-            links=[panels.NODE_LINK],
-        ),
+        panels.timeseries(title, [query], "percentunit", minmax=(0, 1), links=[panels.NODE_LINK])
+        for title, query in (("CPU utilization per node", cpu), ("Memory used per node", memory))
     ]
 
 
