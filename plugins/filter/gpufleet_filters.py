@@ -69,7 +69,12 @@ def gpufleet_metrics_paths(groups: list[dict], paths: list[str] | None) -> list[
         if not isinstance(path, str) or not path.startswith("/") or any(c in path for c in "?# "):
             raise ValueError(f"metrics path {path!r} is not an absolute URL path")
     return [
-        {"targets": group["targets"], "labels": {**group["labels"], "__metrics_path__": path}}
+        # metrics_path keeps the endpoints' up (and scrape_*) series apart: one failing
+        # endpoint must not make a single `up` series flap.
+        {
+            "targets": group["targets"],
+            "labels": {**group["labels"], "__metrics_path__": path, "metrics_path": path},
+        }
         for group in groups
         for path in paths
     ]

@@ -319,6 +319,9 @@ def test_slurmctlds_own_metrics_are_one_job_of_five_endpoints() -> None:
         "metrics_paths"
     ]
     assert all(g["labels"]["node"] == ctl for g in found)
+    # Each endpoint its own series (up, scrape_*): a failing one is seen, not averaged.
+    assert len({tuple(sorted(g["labels"].items())) for g in found}) == 5
+    assert [g["labels"]["metrics_path"] for g in found] == REGISTRY["slurmctld"]["metrics_paths"]
     jobs = {
         mode: {
             j["job_name"]: j

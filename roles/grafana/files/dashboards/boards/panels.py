@@ -27,9 +27,10 @@ Item = cogbuilder.Builder[dm.RowPanel] | list[Panel]  # a row, or one line of pa
 
 def dashboard_link(title: str, dashboard: str, var: str, value: str) -> db.DashboardLink:
     """A link to another gpufleet dashboard with ``var`` set to ``value``, keeping the
-    time range and cluster."""
+    time range, datasource (on a sharded site: the shard) and cluster."""
     return db.DashboardLink(f"{title} {value}").url(
-        f"/d/{dashboard}?var-{var}={value}&${{__url_time_range}}&var-cluster=${{cluster}}"
+        f"/d/{dashboard}?var-{var}={value}&${{__url_time_range}}"
+        "&var-datasource=${datasource}&var-cluster=${cluster}"
     )
 
 

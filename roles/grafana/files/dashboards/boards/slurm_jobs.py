@@ -63,8 +63,8 @@ def _totals() -> list[Panel]:
 def _running_jobs() -> list[Panel]:
     gpus = f"sum by ({JOB_LABELS}) ({NO_REPLICA}(slurm_job:gpus_allocated:sum{{{J}}}))"
     idle = f"sum by ({JOB_LABELS}) ({NO_REPLICA}(slurm_job:gpus_allocated_idle:count{{{J}}}))"
+    # job_id keeps its name: the row link reads ${__data.fields.job_id}.
     columns = {
-        "job_id": "job",
         "Value #A": "GPUs",
         "Value #B": "GPU util %",
         "Value #C": "idle GPUs",
