@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import http.server
 import json
+import ssl
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -216,3 +218,65 @@ def test_a_dripping_answer_is_cut_at_the_deadline() -> None:
     with pytest.raises(TimeoutError):
         promapi._read_until(Drip(), start + 0.3)
     assert time.monotonic() - start < 2
+
+
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+         "-nodes", "-days", "1", "-subj", "/CN=mon1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+def test_inventory_tls_and_login_as_the_roles_clients(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """-i alone: https, the inventory's CA and gpufleet's password, the host's port base."""
+    cert, key = self_signed(tmp_path)
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    httpd.mode = "empty"  # type: ignore[attr-defined]
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    inventory = tmp_path / "inv"
+    (inventory / "group_vars" / "all").mkdir(parents=True)
+    (inventory / "host_vars").mkdir()
+    (inventory / "nodes.gpufleet.yml").write_text(
+        """plugin: gpufleet
+cluster: c1
+nodes:
+  - hosts: "n1"
+    address: "10.9.0.1"
+servers:
+  - hosts: "mon1"
+    address: "127.0.0.1"
+monitoring:
+  prometheus_hosts: mon1
+""",
+        encoding="utf-8",
+    )
+    pem = json.dumps(cert.read_text(encoding="utf-8"))
+    (inventory / "group_vars" / "all" / "web.yml").write_text(
+        f"vault_cert: {pem}\n"
+        "prometheus_tls_cert: '{{ vault_cert }}'\n"  # templated, as a vault reference is
+        "prometheus_basic_auth_users: {gpufleet: inv-s3cret, alice: other}\n",
+        encoding="utf-8",
+    )
+    (inventory / "host_vars" / "mon1.yml").write_text(
+        f"prometheus_port_base: {httpd.server_address[1]}\n", encoding="utf-8"
+    )
+    SEEN_AUTH.clear()
+    try:
+        assert main(["jobstats", "12", "-i", str(inventory)]) == 3  # no such job, no data
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    out, err = capsys.readouterr()
+    assert SEEN_AUTH, err
+    assert {base64.b64decode(h.split()[1]).decode() for h in SEEN_AUTH} == {"gpufleet:inv-s3cret"}
+    assert "cannot connect" not in err and "inv-s3cret" not in out + err
