@@ -1,7 +1,7 @@
 """SlurmJobGpuIdle's threshold and duration are site settings (prometheus role).
 
-The static gpufleet-slurm.rules.yml ships the defaults (5 %, 30m); the role's
-filter_plugins/slurm_idle.py substitutes the site's values. A non-default setting must
+The static gpufleet-slurm.rules.yml ships the defaults (5 %, 30m); the filter
+plugins/filter/gpufleet_slurm_idle.py substitutes the site's values. A non-default setting must
 change when the alert fires (checked by both promtool majors), the defaults must leave
 the file byte for byte as shipped (so tests/rules/ test what is deployed), and the alert
 keeps job_id, user, account and partition through every instance's alert relabeling.
@@ -22,7 +22,7 @@ from test_rules import promtool  # noqa: F401  (the two-major promtool fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "roles" / "prometheus" / "files" / "rules" / "gpufleet-slurm.rules.yml"
-FILTER = ROOT / "roles" / "prometheus" / "filter_plugins" / "slurm_idle.py"
+FILTER = ROOT / "plugins" / "filter" / "gpufleet_slurm_idle.py"
 DEFAULTS = ROOT / "roles" / "prometheus" / "defaults" / "main.yml"
 OWNER_LABELS = {"job_id", "user", "account", "partition"}
 
