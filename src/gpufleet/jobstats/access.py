@@ -10,6 +10,7 @@ decrypted with the vault password file Ansible is configured with, templates ren
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from collections.abc import Iterable
@@ -56,12 +57,16 @@ def _file_vars(node_list: NodeList, names: Iterable[str]) -> dict[str, dict[str,
     if not any(type(finder).__name__ == "_AnsibleCollectionFinder" for finder in sys.meta_path):
         init_plugin_loader()  # as Ansible's CLIs do; the vars plugins load through it
     loader = DataLoader()
+    once: dict[str, bool] = {}
+    if "initialize_context" in inspect.signature(CLI.setup_vault_secrets).parameters:
+        once["initialize_context"] = False  # 2.19+: a second call (the tests) must not fail
     secrets = CLI.setup_vault_secrets(
         loader,
         vault_ids=C.DEFAULT_VAULT_IDENTITY_LIST,
         vault_password_files=list(C.DEFAULT_VAULT_PASSWORD_FILE or []),
         ask_vault_pass=False,
         auto_prompt=False,
+        **once,
     )
     loader.set_vault_secrets(secrets)
     plan = build_inventory(node_list)
