@@ -92,8 +92,8 @@ def add_parsers(commands: Any) -> None:
     jobstats.add_argument(
         "--threshold",
         type=percent,
-        default=IDLE_THRESHOLD,
-        help=f"utilization (%%) under which a GPU is idle (default {IDLE_THRESHOLD:g})",
+        help="utilization (%%) under which a GPU is idle; default: the recording rules' "
+        f"{idle.THRESHOLD_SERIES} (the site's), else {IDLE_THRESHOLD:g}",
     )
     report = commands.add_parser("report", help="cluster reports")
     kinds = report.add_subparsers(dest="report", required=True)
@@ -103,7 +103,8 @@ def add_parsers(commands: Any) -> None:
     idle_parser.add_argument(
         "--threshold",
         type=percent,
-        help="utilization (%%) under which a GPU is idle; default: the recording rules' (5)",
+        help="utilization (%%) under which a GPU is idle; default: the recording rules' "
+        "(the site's threshold)",
     )
 
 
@@ -190,11 +191,15 @@ def run_jobstats(args: argparse.Namespace) -> Outcome:
         part = collect(make(url), replace(place, start=merged.start, end=merged.end))
         figures = Figures({**figures.gpus, **part.gpus}, {**figures.nodes, **part.nodes})
     running = merged.end >= now - RUNNING_SLACK_S
-    report = build_report(merged, figures, args.threshold, running)
+    threshold: float | None = args.threshold
+    unset: list[str] = []
+    if threshold is None:
+        threshold, unset = idle.site_threshold(make(parts[0][0]), now)
+    report = build_report(merged, figures, threshold, running)
     report.missing += [f"{line} (the job's nodes there are missing)" for line in down]
     report.sources = [url for url, _ in parts]
     text = render.job_json(report) if args.json else render.job_text(report)
-    notes = [f"gpufleet jobstats: {line}" for line in down] + stats_text(args, stats)
+    notes = [f"gpufleet jobstats: {line}" for line in down + unset] + stats_text(args, stats)
     return Outcome(text, EXIT_NO_DATA if down else 0, notes)
 
 
@@ -228,9 +233,14 @@ def run_report_idle(args: argparse.Namespace) -> Outcome:
     now = time.time()
     if args.threshold is None:
         instance = where.rollups or where.data[0]
-        totals = ask(instance, make, lambda c: idle.recorded(c, since_s, now))
-        source, threshold = f"recording rules on {instance.name}", IDLE_THRESHOLD
+        totals, threshold, unset = ask(
+            instance,
+            make,
+            lambda c: (idle.recorded(c, since_s, now), *idle.site_threshold(c, now)),
+        )
+        source = f"recording rules on {instance.name}"
     else:
+        unset = []
         parts = [
             ask(inst, make, lambda c: idle.raw(c, since_s, now, args.threshold))
             for inst in where.data
@@ -247,7 +257,8 @@ def run_report_idle(args: argparse.Namespace) -> Outcome:
         "by_account": idle.rows(totals["account"], "account"),
     }
     text = json.dumps(result, indent=2) if args.json else render.idle_text(result)
-    return Outcome(text, 0, stats_text(args, stats))
+    notes = [f"gpufleet report: {line}" for line in unset]
+    return Outcome(text, 0, notes + stats_text(args, stats))
 
 
 def stats_text(args: argparse.Namespace, stats: list[dict[str, Any]]) -> list[str]:
