@@ -182,6 +182,29 @@ def test_good_settings_pass() -> None:
     assert evaluate("alertmanager", "_alertmanager_idle_problems", "mon01", SETTINGS) == []
 
 
+@pytest.mark.parametrize("tag", ["alertmanager_preflight", "alertmanager_configure"])
+def test_the_owner_settings_are_checked_before_the_config_is_written(
+    tag: str, tmp_path: Path
+) -> None:
+    """A `--tags alertmanager_configure` run, which writes alertmanager.yml, checks the
+    settings too (Ansible's own tag selection, listed without running anything)."""
+    play = tmp_path / "play.yml"
+    play.write_text(
+        "- {name: Alertmanager, hosts: all, gather_facts: false, roles: [alertmanager]}\n"
+    )
+    result = subprocess.run(
+        ["ansible-playbook", "-i", "localhost,", str(play), "--list-tasks", "--tags", tag],
+        capture_output=True, text=True, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    tasks = [line.split("\t")[0].strip() for line in result.stdout.splitlines()]
+    check = "alertmanager : Check the idle-GPU owner settings"
+    assert check in tasks, result.stdout
+    if tag == "alertmanager_configure":
+        write = "alertmanager : Write the Alertmanager configuration"
+        assert tasks.index(check) < tasks.index(write), result.stdout
+
+
 # --- delivery by a real Alertmanager -------------------------------------------------------
 
 
