@@ -62,8 +62,7 @@ def _file_vars(node_list: NodeList, names: Iterable[str]) -> dict[str, dict[str,
         once["initialize_context"] = False  # 2.19+: a second call (the tests) must not fail
     secrets = CLI.setup_vault_secrets(
         loader,
-        vault_ids=C.DEFAULT_VAULT_IDENTITY_LIST,
-        vault_password_files=list(C.DEFAULT_VAULT_PASSWORD_FILE or []),
+        vault_ids=C.DEFAULT_VAULT_IDENTITY_LIST,  # and it adds DEFAULT_VAULT_PASSWORD_FILE
         ask_vault_pass=False,
         auto_prompt=False,
         **once,
@@ -81,7 +80,14 @@ def _file_vars(node_list: NodeList, names: Iterable[str]) -> dict[str, dict[str,
         merged = combine_vars(merged, get_vars_from_path(loader, base, groups, "task"))
         merged = combine_vars(merged, plan.host_vars.get(name, {}))
         merged = combine_vars(merged, get_vars_from_path(loader, base, [host], "task"))
-        templar = Templar(loader=loader, variables=merged)
+        # The magic variables an inventory's templates use most (e.g. a file lookup).
+        magic = {
+            "inventory_hostname": name,
+            "inventory_dir": base,
+            "inventory_file": os.path.abspath(node_list.file),
+            "group_names": [group.name for group in groups[1:]],
+        }
+        templar = Templar(loader=loader, variables=combine_vars(merged, magic))
         out[name] = {key: templar.template(merged[key]) for key in KEYS if key in merged}
     return out
 
