@@ -102,8 +102,6 @@ def inventory_access(node_list: NodeList, hosts: Iterable[str]) -> Access:
             name: int(hostvars[name].get("prometheus_port_base") or PROMETHEUS_PORT_BASE)
             for name in names
         }
-    except PromError:
-        raise
     except Exception as err:  # vault, template or value errors: one line, the cause's type
         reason = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
         raise PromError(
