@@ -342,8 +342,8 @@ def test_the_job_dashboard_follows_one_job_and_is_linked(dashboards):
     panel to its nodes, and the Slurm jobs dashboard links each job to it."""
     job = dashboards["slurm-job.json"]
     for place, expr in queries(job, "prometheus"):
-        if place.endswith(("variable cluster", "variable job_id")):
-            continue  # the choice of cluster and job
+        if place.endswith(("variable cluster", "variable job_id")) or expr == IDLE_THRESHOLD:
+            continue  # the choice of cluster and job; the site-wide idle threshold
         assert 'job_id="${job_id}"' in expr, f"{place} is not restricted to the job"
     sources = set()
     for place, expr in queries(job, "loki"):
@@ -370,3 +370,25 @@ def test_the_job_dashboard_follows_one_job_and_is_linked(dashboards):
     assert sources == {"slurmd", "slurmctld"}
     links = json.dumps(dashboards["slurm-jobs.json"])
     assert links.count("/d/gpufleet-slurm-job/slurm-job?var-job_id=") == 2
+
+
+IDLE_THRESHOLD = "(max(gpufleet:slurm_idle_gpu_threshold:percent) or vector(5))"
+
+
+@pytest.mark.parametrize("name", ["slurm-job.json", "slurm-jobs.json"])
+def test_slurm_dashboards_show_the_sites_idle_threshold(dashboards, name):
+    """Idle panels name the threshold the rules record (prometheus_slurm_idle_gpu_threshold_
+    percent), not a copy of the default; the utilization panels draw it as a line."""
+    dash = dashboards[name]
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert variable_expr(variables["idle_threshold"]) == IDLE_THRESHOLD
+    assert variables["idle_threshold"]["hide"] == 2
+    # Grafana's query_result text for the labelless max(): "{} <value> <ms>"
+    regex = variables["idle_threshold"]["regex"].strip("/")
+    assert re.search(regex, "{} 12.5 1764150000000").group(1) == "12.5"
+    titles = [p["title"] for p in panels(dash)]
+    idle_titles = [t for t in titles if "idle" in t.lower() and "unallocated" not in t]
+    assert idle_titles and all("${idle_threshold} %" in t for t in idle_titles), idle_titles
+    assert not [t for t in titles if re.search(r"\b(5 %|30 min)", t)]
+    lines = [expr for place, expr in queries(dash, "prometheus") if expr == IDLE_THRESHOLD]
+    assert len(lines) == 2  # the variable and the utilization panel's threshold line

@@ -16,11 +16,19 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpufleet.jobstats import idle, render
+from gpufleet.jobstats.access import Access, inventory_access
 from gpufleet.jobstats.collect import Figures, collect
 from gpufleet.jobstats.discover import JobPlace, check_job_id, find_job, slurm_seen
 from gpufleet.jobstats.promapi import PromClient, PromError
 from gpufleet.jobstats.report import IDLE_THRESHOLD, build_report
-from gpufleet.jobstats.targets import Instance, Topology, ask, from_inventory, single
+from gpufleet.jobstats.targets import (
+    Instance,
+    Topology,
+    ask,
+    from_inventory,
+    prometheus_hosts,
+    single,
+)
 
 EXIT_NO_DATA = 3
 PASSWORD_ENV = "GPUFLEET_PROMETHEUS_PASSWORD"
@@ -59,8 +67,12 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument(
         "-i", "--inventory", metavar="INVENTORY", help="node list file or inventory directory"
     )
-    parser.add_argument("--ca-file", help="CA bundle for https (the inventory's URLs use https)")
-    parser.add_argument("--user", help="basic auth user")
+    parser.add_argument(
+        "--ca-file", help="CA bundle for https (default with -i: the inventory's prometheus_tls_ca)"
+    )
+    parser.add_argument(
+        "--user", help="basic auth user (default with -i: the inventory's, as the role's clients)"
+    )
     parser.add_argument(
         "--password-file",
         help=f"file holding the basic auth password (or set {PASSWORD_ENV}); never on argv",
@@ -80,8 +92,8 @@ def add_parsers(commands: Any) -> None:
     jobstats.add_argument(
         "--threshold",
         type=percent,
-        default=IDLE_THRESHOLD,
-        help=f"utilization (%%) under which a GPU is idle (default {IDLE_THRESHOLD:g})",
+        help="utilization (%%) under which a GPU is idle; default: the recording rules' "
+        f"{idle.THRESHOLD_SERIES} (the site's), else {IDLE_THRESHOLD:g}",
     )
     report = commands.add_parser("report", help="cluster reports")
     kinds = report.add_subparsers(dest="report", required=True)
@@ -91,7 +103,8 @@ def add_parsers(commands: Any) -> None:
     idle_parser.add_argument(
         "--threshold",
         type=percent,
-        help="utilization (%%) under which a GPU is idle; default: the recording rules' (5)",
+        help="utilization (%%) under which a GPU is idle; default: the recording rules' "
+        "(the site's threshold)",
     )
 
 
@@ -105,15 +118,21 @@ def password(args: argparse.Namespace) -> str | None:
     return os.environ.get(PASSWORD_ENV)
 
 
-def client_factory(args: argparse.Namespace, stats: list[dict[str, Any]]) -> Any:
-    secret = password(args) if args.user else None
+def client_factory(args: argparse.Namespace, stats: list[dict[str, Any]], where: Topology) -> Any:
+    access = where.access or Access()
+    if args.user:
+        username, secret = args.user, password(args)
+    else:  # the inventory's login, if any
+        username, secret = access.username or None, access.password or None
+    ca_data = None if args.ca_file else access.ca or None
 
     def make(url: str) -> PromClient:
         client = PromClient(
             url,
             timeout=args.timeout,
             ca_file=args.ca_file,
-            username=args.user,
+            ca_data=ca_data,
+            username=username,
             password=secret,
             want_stats=args.stats,
         )
@@ -130,7 +149,9 @@ def topology(args: argparse.Namespace) -> Topology:
     from gpufleet.nodelist import load_node_list
 
     node_list = load_node_list(find_node_list(args.inventory))
-    return from_inventory(node_list, "https" if args.ca_file else "http")
+    access = inventory_access(node_list, prometheus_hosts(node_list))
+    scheme = "https" if args.ca_file else access.scheme
+    return replace(from_inventory(node_list, scheme, access.port_base), access=access)
 
 
 def _find_on(
@@ -147,8 +168,8 @@ def run_jobstats(args: argparse.Namespace) -> Outcome:
     job_id = check_job_id(args.job_id)
     lookback_s = idle.parse_since(args.lookback, "--lookback")
     stats: list[dict[str, Any]] = []
-    make = client_factory(args, stats)
     where = topology(args)
+    make = client_factory(args, stats, where)
     now = time.time()
     with ThreadPoolExecutor(max_workers=8) as pool:
         found = list(
@@ -170,11 +191,15 @@ def run_jobstats(args: argparse.Namespace) -> Outcome:
         part = collect(make(url), replace(place, start=merged.start, end=merged.end))
         figures = Figures({**figures.gpus, **part.gpus}, {**figures.nodes, **part.nodes})
     running = merged.end >= now - RUNNING_SLACK_S
-    report = build_report(merged, figures, args.threshold, running)
+    threshold: float | None = args.threshold
+    unset: list[str] = []
+    if threshold is None:
+        threshold, unset = idle.site_threshold(make(parts[0][0]), now)
+    report = build_report(merged, figures, threshold, running)
     report.missing += [f"{line} (the job's nodes there are missing)" for line in down]
     report.sources = [url for url, _ in parts]
     text = render.job_json(report) if args.json else render.job_text(report)
-    notes = [f"gpufleet jobstats: {line}" for line in down] + stats_text(args, stats)
+    notes = [f"gpufleet jobstats: {line}" for line in down + unset] + stats_text(args, stats)
     return Outcome(text, EXIT_NO_DATA if down else 0, notes)
 
 
@@ -203,14 +228,19 @@ def unknown_job(
 def run_report_idle(args: argparse.Namespace) -> Outcome:
     since_s = idle.parse_since(args.since)
     stats: list[dict[str, Any]] = []
-    make = client_factory(args, stats)
     where = topology(args)
+    make = client_factory(args, stats, where)
     now = time.time()
     if args.threshold is None:
         instance = where.rollups or where.data[0]
-        totals = ask(instance, make, lambda c: idle.recorded(c, since_s, now))
-        source, threshold = f"recording rules on {instance.name}", IDLE_THRESHOLD
+        totals, threshold, unset = ask(
+            instance,
+            make,
+            lambda c: (idle.recorded(c, since_s, now), *idle.site_threshold(c, now)),
+        )
+        source = f"recording rules on {instance.name}"
     else:
+        unset = []
         parts = [
             ask(inst, make, lambda c: idle.raw(c, since_s, now, args.threshold))
             for inst in where.data
@@ -227,7 +257,8 @@ def run_report_idle(args: argparse.Namespace) -> Outcome:
         "by_account": idle.rows(totals["account"], "account"),
     }
     text = json.dumps(result, indent=2) if args.json else render.idle_text(result)
-    return Outcome(text, 0, stats_text(args, stats))
+    notes = [f"gpufleet report: {line}" for line in unset]
+    return Outcome(text, 0, notes + stats_text(args, stats))
 
 
 def stats_text(args: argparse.Namespace, stats: list[dict[str, Any]]) -> list[str]:

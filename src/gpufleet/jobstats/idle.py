@@ -12,14 +12,34 @@ under T. Costlier, and the global tier cannot answer it (those series are not fe
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
 from gpufleet.jobstats.promapi import PromClient, PromError
+from gpufleet.jobstats.report import IDLE_THRESHOLD
 
 DURATION = re.compile(r"^([1-9][0-9]{0,4})([hdw])$")
 HOURS = {"h": 1, "d": 24, "w": 168}
 STEP_MIN = 5
+# The site's idle threshold (prometheus_slurm_idle_gpu_threshold_percent) as the rules
+# record it: the same value SlurmJobGpuIdle and the idle-GPU recording rules use.
+THRESHOLD_SERIES = "gpufleet:slurm_idle_gpu_threshold:percent"
+
+
+def site_threshold(client: PromClient, now: float) -> tuple[float, list[str]]:
+    """(the rules' idle threshold, notes); the shipped default, with a note, when absent.
+
+    ``max``: the global tier holds one federated copy per shard replica, all equal.
+    """
+    samples = client.query(f"max({THRESHOLD_SERIES})", now)
+    values = [s.value for s in samples if math.isfinite(s.value) and 0 <= s.value <= 100]
+    if values:
+        return values[0], []
+    return IDLE_THRESHOLD, [
+        f"{client.url}: no {THRESHOLD_SERIES} (gpufleet-slurm rules older than this "
+        f"gpufleet, or not loaded): the default idle threshold, {IDLE_THRESHOLD:g} %"
+    ]
 
 
 def parse_since(text: str, option: str = "--since") -> int:

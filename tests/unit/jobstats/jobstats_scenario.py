@@ -27,6 +27,7 @@ UTIL = {
 }
 MEM_USED_GIB = {("n1", 0): 30.0, ("n1", 1): 30.0, ("n2", 0): 60.0, ("n2", 1): 10.0}
 CPU = {"n1": 0.25, "n2": 0.5}
+SITE_THRESHOLD = 10.0
 
 
 def build_jobs(now: float) -> tuple[Job, Job, int]:
@@ -119,6 +120,9 @@ def write_series(path: Path, now: float) -> tuple[Job, Job]:
             (labels(account="chem", cluster="c1"), lambda t: 0.0),
         ],
         "cluster:gpu_hours_allocated_idle:sum1h": [(labels(cluster="c1"), idle_hours)],
+        # The site's idle threshold as the rules record it (no labels); not the default 5,
+        # so the reports show that they read it. The idle GPUs are the same under 5 and 10.
+        "gpufleet:slurm_idle_gpu_threshold:percent": [(labels(), lambda t: SITE_THRESHOLD)],
     }
     with path.open("w", encoding="utf-8") as out:
         for name, series in families.items():

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from jobstats_scenario import CPU, GIB, MEM_USED_GIB, UTIL, requeued_runs
+from jobstats_scenario import CPU, GIB, MEM_USED_GIB, SITE_THRESHOLD, UTIL, requeued_runs
 from jobstats_synth import Job, free_port
 
 from gpufleet.cli import main
@@ -45,7 +45,9 @@ def test_job_report_matches_the_known_load(prom: Prom, capsys: pytest.CaptureFix
         assert nodes[node]["cpus"] == 64
     assert nodes["n1"]["gpus_allocated"] == 4
     assert report["verdict"] == "idle GPUs"
-    assert "n1: GPUs 2-3 stayed under 5 % utilization for the whole run" in report["advice"]
+    # the threshold is the site's, read from the rules' series (10), not the shipped 5
+    assert report["threshold"] == SITE_THRESHOLD and err == ""
+    assert "n1: GPUs 2-3 stayed under 10 % utilization for the whole run" in report["advice"]
     assert "request 4 GPUs instead of 6" in report["advice"]
     assert report["missing"] == []
 
@@ -105,6 +107,7 @@ def test_idle_report_from_the_recording_rules(
     code, out, err = run(capsys, "report", "idle", "--since", "24h", "--prometheus", url, "--json")
     assert code == 0, err
     result = json.loads(out)
+    assert result["threshold"] == SITE_THRESHOLD and err == ""
     # job 4242: 2 idle GPUs for 2 h; bob's hours record 0 and are left out
     assert result["by_user"] == [{"user": "alice", "gpu_hours": pytest.approx(4.0, abs=0.01)}]
     assert result["by_account"] == [
@@ -155,7 +158,8 @@ monitoring:
         encoding="utf-8",
     )
     code, out, err = run(capsys, "jobstats", job.job_id, "-i", str(tmp_path), "--json")
-    assert code == 3
+    assert code == 3, err
+    assert out, err
     assert json.loads(out)["verdict"] == "idle GPUs"
     assert err.startswith("gpufleet jobstats: shard-1: no replica answers: http://127.0.0.2:")
     assert err.count("\n") == 1

@@ -13,7 +13,16 @@ from gpufleet.jobstats.discover import (
     node_regex,
     nvml_indices,
 )
-from gpufleet.jobstats.idle import add, parse_since, raw_expr, recorded_expr, rows
+from gpufleet.jobstats.idle import (
+    THRESHOLD_SERIES,
+    add,
+    parse_since,
+    raw_expr,
+    recorded_expr,
+    rows,
+    site_threshold,
+)
+from gpufleet.jobstats.promapi import Sample
 from gpufleet.jobstats.render import bar, clean, duration
 from gpufleet.jobstats.report import GpuStat, build_report, mean_utilization, ranges, verdict
 
@@ -242,3 +251,27 @@ def test_bad_lookback_names_its_option(capsys: pytest.CaptureFixture[str]) -> No
     assert capsys.readouterr().err == (
         "gpufleet jobstats: --lookback '3x': use whole hours, days or weeks (24h, 7d, 2w)\n"
     )
+
+
+class ThresholdStub:
+    """A Prometheus holding the rules' threshold series (or not)."""
+
+    url = "http://prom:9090"
+
+    def __init__(self, samples: list[Sample]) -> None:
+        self.samples = samples
+
+    def query(self, expr: str, at: float | None = None) -> list[Sample]:
+        assert expr == f"max({THRESHOLD_SERIES})"
+        return self.samples
+
+
+def test_site_threshold_from_the_rules_else_5_with_a_note() -> None:
+    assert site_threshold(ThresholdStub([Sample({}, 12.5)]), 0.0) == (12.5, [])  # type: ignore[arg-type]
+    for samples in ([], [Sample({}, float("nan"))], [Sample({}, 250.0)]):
+        value, notes = site_threshold(ThresholdStub(samples), 0.0)  # type: ignore[arg-type]
+        assert value == 5.0
+        assert notes == [
+            f"http://prom:9090: no {THRESHOLD_SERIES} (gpufleet-slurm rules older than this "
+            "gpufleet, or not loaded): the default idle threshold, 5 %"
+        ]
