@@ -25,6 +25,7 @@ from gpufleet.jobstats.targets import (
     Instance,
     Topology,
     ask,
+    ask_best,
     from_inventory,
     prometheus_hosts,
     single,
@@ -159,9 +160,19 @@ def _find_on(
 ) -> tuple[str, JobPlace] | str:
     """(answering URL, the job's part there), or why the instance gave nothing."""
     try:
-        return ask(instance, make, lambda c: (c.url, find_job(c, job_id, lookback_s, now)))
+        return ask_best(
+            instance,
+            make,
+            lambda c: (c.url, find_job(c, job_id, lookback_s, now)),
+            score=lambda found: coverage(found[1]),
+        )
     except PromError as err:
         return str(err)
+
+
+def coverage(place: JobPlace) -> float:
+    """How much of the job a replica holds: its span, or -1 if it does not know the job."""
+    return place.end - place.start if place.gpus_allocated else -1.0
 
 
 def run_jobstats(args: argparse.Namespace) -> Outcome:

@@ -95,8 +95,35 @@ def ask(
             return work(make_client(url))
         except PromError as err:
             errors.append(str(err))
+    raise no_answer(instance, errors)
+
+
+def ask_best(
+    instance: Instance,
+    make_client: Callable[[str], PromClient],
+    work: Callable[[PromClient], T],
+    score: Callable[[T], float],
+) -> T:
+    """``work`` on every replica; the answer ``score`` rates highest, the first of equals.
+
+    HA replicas scrape the same targets but need not hold the same data: one restarted on
+    an empty TSDB answers too, with less.
+    """
+    answers: list[T] = []
+    errors = []
+    for url in instance.urls:
+        try:
+            answers.append(work(make_client(url)))
+        except PromError as err:
+            errors.append(str(err))
+    if answers:
+        return max(answers, key=score)
+    raise no_answer(instance, errors)
+
+
+def no_answer(instance: Instance, errors: list[str]) -> PromError:
     if not errors:
-        raise PromError(f"{instance.name}: no replica in the inventory")
+        return PromError(f"{instance.name}: no replica in the inventory")
     if instance.urls == (instance.name,):  # one URL given: its error says it all
-        raise PromError(errors[0])
-    raise PromError(f"{instance.name}: no replica answers: {'; '.join(errors)}")
+        return PromError(errors[0])
+    return PromError(f"{instance.name}: no replica answers: {'; '.join(errors)}")

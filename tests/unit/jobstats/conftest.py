@@ -30,6 +30,11 @@ def sid_binary(package: str, cache: str, name: str) -> Path:
 
 
 @pytest.fixture(scope="session")
+def prometheus_binary() -> Path:
+    return sid_binary("prometheus", "prometheus", "prometheus")
+
+
+@pytest.fixture(scope="session")
 def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Job, Job]]:
     """(URL, the finished job, the running job) of a backfilled Prometheus."""
     promtool = sid_binary("promtool", "promtool", "promtool")

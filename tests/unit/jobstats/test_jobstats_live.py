@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from jobstats_scenario import CPU, GIB, MEM_USED_GIB, SITE_THRESHOLD, UTIL, requeued_runs
-from jobstats_synth import Job, free_port
+from jobstats_synth import Job, free_port, prometheus
 
 from gpufleet.cli import main
 
@@ -163,3 +163,38 @@ monitoring:
     assert json.loads(out)["verdict"] == "idle GPUs"
     assert err.startswith("gpufleet jobstats: shard-1: no replica answers: http://127.0.0.2:")
     assert err.count("\n") == 1
+
+
+def test_a_replica_with_an_empty_tsdb_does_not_hide_the_job(
+    prom: Prom, capsys: pytest.CaptureFixture[str], tmp_path: Path, prometheus_binary: Path
+) -> None:
+    """Two replicas of a standalone Prometheus; the first answers from an empty TSDB (as one
+    restarted without its data would): the report comes from the one that holds the job."""
+    url, job, _ = prom
+    with prometheus(prometheus_binary, tmp_path / "empty-tsdb", host="127.0.0.2") as empty:
+        nodes = tmp_path / "nodes.gpufleet.yml"
+        nodes.write_text(
+            f"""plugin: gpufleet
+cluster: c1
+nodes:
+  - hosts: "n[1-2]"
+    address: "10.9.0.{{num}}"
+    gpu: {{vendor: nvidia, model: H100, count: 4}}
+servers:
+  - hosts: mon1
+    address: 127.0.0.2
+    vars: {{prometheus_port_base: {empty.rsplit(":", 1)[1]}}}
+  - hosts: mon2
+    address: 127.0.0.1
+    vars: {{prometheus_port_base: {url.rsplit(":", 1)[1]}}}
+monitoring:
+  prometheus_hosts: "mon[1-2]"
+  replicas: 2
+""",
+            encoding="utf-8",
+        )
+        code, out, err = run(capsys, "jobstats", job.job_id, "-i", str(tmp_path), "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["sources"] == [url]
+    assert report["verdict"] == "idle GPUs"
