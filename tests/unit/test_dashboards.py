@@ -148,7 +148,7 @@ def known_metrics() -> set[str]:
             known |= {rule["record"] for rule in group["rules"] if "record" in rule}
     collector = (ROOT / "src/gpufleet_node/gpu_collector/model.py").read_text()
     families = re.search(r"FAMILIES: dict\[.*?\] = \{(.*?)\n\}", collector, re.S).group(1)
-    known |= {"node_gpu_" + name for name in re.findall(r'^    "(\w+)": \(', families, re.M)}
+    known |= {"node_gpu_" + name for name in re.findall(r'^    "(\w+)":', families, re.M)}
     dcgm = ROOT / "roles/dcgm_exporter/templates/dcgm-counters.csv.j2"
     known |= set(re.findall(r"\b(DCGM_[A-Z0-9_]+)", dcgm.read_text()))
     known |= set(

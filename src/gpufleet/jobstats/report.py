@@ -60,6 +60,10 @@ class JobReport:
     sources: list[str] = field(default_factory=list)
 
 
+# What a report repeats of its job's place, as the place has it.
+PLACE_FIELDS = ("job_id", "user", "account", "partition", "cluster", "start", "end")
+
+
 def gpu_stats(place: JobPlace, figures: Figures) -> list[GpuStat]:
     """One entry per GPU the job holds, in node and index order; None where no data."""
     stats = []
@@ -186,13 +190,7 @@ def build_report(place: JobPlace, figures: Figures, threshold: float, running: b
     nodes = node_stats(place, figures)
     word, advice = verdict(gpus, threshold)
     return JobReport(
-        job_id=place.job_id,
-        user=place.user,
-        account=place.account,
-        partition=place.partition,
-        cluster=place.cluster,
-        start=place.start,
-        end=place.end,
+        **{name: getattr(place, name) for name in PLACE_FIELDS},
         running=running,
         threshold=threshold,
         gpus=gpus,
