@@ -128,15 +128,10 @@ def test_idle_report_with_a_threshold(
     assert by_user == {"alice": pytest.approx(hours, abs=0.35)}
 
 
-def test_shard_down_from_the_inventory(
-    prom: Prom, capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
-    """shard-0 is the live Prometheus, shard-1 points at a closed port: the report comes
-    with one line naming the shard that is down, and a non-zero exit."""
-    url, job, _ = prom
-    port = int(url.rsplit(":", 1)[1])
-    nodes = tmp_path / "nodes.gpufleet.yml"
-    nodes.write_text(
+def write_node_list(directory: Path, port_bases: tuple[int, int], monitoring: str) -> None:
+    """A node list of the scenario's nodes and two Prometheus hosts, mon1 on 127.0.0.1 and
+    mon2 on 127.0.0.2, with these port bases; ``monitoring``: its monitoring keys."""
+    (directory / "nodes.gpufleet.yml").write_text(
         f"""plugin: gpufleet
 cluster: c1
 nodes:
@@ -146,17 +141,25 @@ nodes:
 servers:
   - hosts: mon1
     address: 127.0.0.1
-    vars: {{prometheus_port_base: {port - 1}}}
+    vars: {{prometheus_port_base: {port_bases[0]}}}
   - hosts: mon2
     address: 127.0.0.2
-    vars: {{prometheus_port_base: {free_port() - 2}}}
+    vars: {{prometheus_port_base: {port_bases[1]}}}
 monitoring:
-  shards: 2
-  prometheus_hosts: "mon[1-2]"
-  global_hosts: mon1
-""",
+{monitoring}""",
         encoding="utf-8",
     )
+
+
+def test_shard_down_from_the_inventory(
+    prom: Prom, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """shard-0 is the live Prometheus, shard-1 points at a closed port: the report comes
+    with one line naming the shard that is down, and a non-zero exit."""
+    url, job, _ = prom
+    port = int(url.rsplit(":", 1)[1])
+    monitoring = '  shards: 2\n  prometheus_hosts: "mon[1-2]"\n  global_hosts: mon1\n'
+    write_node_list(tmp_path, (port - 1, free_port() - 2), monitoring)
     code, out, err = run(capsys, "jobstats", job.job_id, "-i", str(tmp_path), "--json")
     assert code == 3, err
     assert out, err
@@ -172,27 +175,9 @@ def test_a_replica_with_an_empty_tsdb_does_not_hide_the_job(
     restarted without its data would): the report comes from the one that holds the job."""
     url, job, _ = prom
     with prometheus(prometheus_binary, tmp_path / "empty-tsdb", host="127.0.0.2") as empty:
-        nodes = tmp_path / "nodes.gpufleet.yml"
-        nodes.write_text(
-            f"""plugin: gpufleet
-cluster: c1
-nodes:
-  - hosts: "n[1-2]"
-    address: "10.9.0.{{num}}"
-    gpu: {{vendor: nvidia, model: H100, count: 4}}
-servers:
-  - hosts: mon1
-    address: 127.0.0.2
-    vars: {{prometheus_port_base: {empty.rsplit(":", 1)[1]}}}
-  - hosts: mon2
-    address: 127.0.0.1
-    vars: {{prometheus_port_base: {url.rsplit(":", 1)[1]}}}
-monitoring:
-  prometheus_hosts: "mon[1-2]"
-  replicas: 2
-""",
-            encoding="utf-8",
-        )
+        # mon2 (127.0.0.2) is the first replica in the role's order: mon[1-2] swapped.
+        port_bases = (int(url.rsplit(":", 1)[1]), int(empty.rsplit(":", 1)[1]))
+        write_node_list(tmp_path, port_bases, "  prometheus_hosts: [mon2, mon1]\n  replicas: 2\n")
         code, out, err = run(capsys, "jobstats", job.job_id, "-i", str(tmp_path), "--json")
     assert code == 0, err
     report = json.loads(out)
