@@ -59,6 +59,7 @@ class CollectorError(Exception):
         self.samples = samples or []
 
 
+# The values of node_gpu_collector_error_info{reason}: docs/gpu-collector.md lists each.
 ERROR_REASONS = (
     "not_found",
     "exec_error",
