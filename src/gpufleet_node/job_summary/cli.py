@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import syslog
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ from gpufleet_node.job_summary import gather
 from gpufleet_node.job_summary.prom import PromClient, PromError, one_line
 from gpufleet_node.job_summary.summary import JOB_ID, MAX_TEXT, Summary, SummaryError, encode
 
+# slurm.conf names the program without arguments: the role writes the configuration here.
+CONFIG = "/etc/gpufleet/job-summary/config.json"
 MAX_CONFIG = 1024 * 1024
 SCONTROL_TIMEOUT_S = 30
 
@@ -35,7 +38,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class Config:
-    """What the role writes (job-summary.json): where the job's series are, how to log in."""
+    """What the role writes (config.json): where the job's series are, how to log in."""
 
     instances: list[tuple[str, list[str]]] = field(default_factory=list)  # (name, URLs)
     ca_file: str = ""
@@ -150,9 +153,16 @@ def store(config: Config, job_id: str, text: str) -> None:
         raise ConfigError(f"scontrol update job={job_id} failed ({done.returncode}): {said}")
 
 
+def say(line: str) -> None:
+    """stderr, and syslog: slurmctld keeps no output of its epilog."""
+    print(f"gpufleet-job-summary: {line}", file=sys.stderr)
+    syslog.openlog("gpufleet-job-summary", 0, syslog.LOG_DAEMON)
+    syslog.syslog(syslog.LOG_WARNING, line)
+
+
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="gpufleet-job-summary", description=__doc__)
-    p.add_argument("--config", required=True, help="job-summary.json (written by the role)")
+    p.add_argument("--config", default=CONFIG, help=f"configuration (default {CONFIG})")
     p.add_argument("--job-id", default=None, help="default: $SLURM_JOB_ID (slurmctld sets it)")
     p.add_argument("--print", action="store_true", help="print the summary, store nothing")
     p.add_argument("--check-config", action="store_true", help="only check --config")
@@ -167,11 +177,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         job_id = args.job_id if args.job_id is not None else os.environ.get("SLURM_JOB_ID", "")
         if not JOB_ID.fullmatch(job_id):
-            print(f"gpufleet-job-summary: {job_id[:40]!r} is not a job id", file=sys.stderr)
+            say(f"{job_id[:40]!r} is not a job id")
             return 2
         summary, down = summarize(config, job_id, time.time())
         for line in down:
-            print(f"gpufleet-job-summary: job {job_id}: {line}", file=sys.stderr)
+            say(f"job {job_id}: {line}")
         if not summary.nodes:
             if down:
                 return 1
@@ -187,5 +197,5 @@ def main(argv: Sequence[str] | None = None) -> int:
             store(config, job_id, text)
         return 1 if down else 0
     except (ConfigError, SummaryError, PromError) as err:
-        print(f"gpufleet-job-summary: {err}", file=sys.stderr)
+        say(str(err))
         return 1
