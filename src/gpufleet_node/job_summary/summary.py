@@ -95,10 +95,16 @@ class Summary:
 
 
 def _number(value: float | None, digits: int) -> float | None:
-    if value is None or not math.isfinite(value):
+    """A figure as stored: rounded; None for what no figure can be (NaN, negative, huge)."""
+    if value is None or not (math.isfinite(value) and 0 <= value <= MAX_VALUE):
         return None
     rounded = round(float(value), digits)
     return int(rounded) if digits == 0 else rounded
+
+
+def _clean(text: str) -> str:
+    """A label value as stored: printable and short (Prometheus labels may hold anything)."""
+    return "".join(ch if ch.isprintable() else "?" for ch in text)[:MAX_TEXT]
 
 
 def to_json(summary: Summary, gpu_limit: int | None = None) -> dict[str, Any]:
@@ -107,10 +113,10 @@ def to_json(summary: Summary, gpu_limit: int | None = None) -> dict[str, Any]:
     return {
         "v": VERSION,
         "job": summary.job_id,
-        "user": summary.user,
-        "account": summary.account,
-        "partition": summary.partition,
-        "cluster": summary.cluster,
+        "user": _clean(summary.user),
+        "account": _clean(summary.account),
+        "partition": _clean(summary.partition),
+        "cluster": _clean(summary.cluster),
         "start": int(summary.start),
         "end": math.ceil(summary.end),
         "nodes": [
@@ -122,7 +128,7 @@ def to_json(summary: Summary, gpu_limit: int | None = None) -> dict[str, Any]:
             for (node, gpu), values in kept
         ],
         "dropped": summary.dropped + len(gpus) - len(kept),
-        "down": summary.down[:MAX_DOWN],
+        "down": [_clean(name) for name in summary.down[:MAX_DOWN]],
     }
 
 

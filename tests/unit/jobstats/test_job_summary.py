@@ -72,6 +72,15 @@ def test_round_trip_keeps_the_figures() -> None:
     assert back.dropped == 0
 
 
+def test_what_no_reader_would_accept_is_cleaned_when_written() -> None:
+    summary = small()
+    summary.user = "eve\x1b[2J" + "x" * 300
+    summary.gpus[("n1.example", "0")] = {"util_mean": -3.0, "util_max": float("nan")}
+    back = decode(encode(summary), "77")
+    assert back.user == "eve?[2J" + "x" * 121
+    assert back.gpus[("n1.example", "0")] == {}
+
+
 def test_a_huge_job_is_cut_to_the_size_bound() -> None:
     rng = random.Random(7)
     summary = Summary(job_id="9", start=0.0, end=3600.0)
