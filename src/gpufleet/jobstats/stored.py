@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tempfile
+import threading
+from typing import IO, cast
 
 from gpufleet.jobstats.collect import Figures
 from gpufleet.jobstats.discover import JobPlace
@@ -50,17 +53,59 @@ def sacct_available() -> bool:
     return shutil.which("sacct") is not None
 
 
+SACCT_MAX_OUTPUT = 16 * MAX_READ  # an array's or a reused id's rows; more is not sacct's
+
+
 def from_sacct(job_id: str) -> Summary:
-    """``sacct -j JOBID -X -n -P -o AdminComment`` (every time: -j implies no start bound)."""
-    argv = ["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "AdminComment"]
-    try:
-        done = subprocess.run(argv, capture_output=True, timeout=SACCT_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise NoSummary(f"job {job_id}: sacct: {err}") from err
-    if done.returncode != 0:
-        said = " ".join(done.stderr.decode("utf-8", "replace").split())[:200]
-        raise NoSummary(f"job {job_id}: sacct failed ({done.returncode}): {said}")
-    return from_text(done.stdout[: 16 * MAX_READ].decode("utf-8", "replace"), job_id, "sacct")
+    """The row of ``sacct -j JOBID -X -n -P -o JobIDRaw,AdminComment`` whose JobIDRaw is
+    the job (-j of an array's id lists all its tasks; -j implies no start bound)."""
+    rows = _sacct_rows(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "JobIDRaw,AdminComment"])
+    mine = [comment for raw, comment in rows if raw == job_id]
+    if not mine:
+        raise NoSummary(f"job {job_id}: sacct does not list the job")
+    return from_text("\n".join(mine), job_id, "sacct")
+
+
+def _sacct_rows(argv: list[str]) -> list[tuple[str, str]]:
+    """sacct's (first field, rest) rows, read as they come with SACCT_MAX_OUTPUT bytes at
+    most in memory (sacct is killed past it or after SACCT_TIMEOUT_S)."""
+    job = argv[2]
+    with tempfile.TemporaryFile() as errors:
+        try:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors)
+        except OSError as err:
+            raise NoSummary(f"job {job}: sacct: {err}") from err
+        timer = threading.Timer(SACCT_TIMEOUT_S, proc.kill)
+        timer.start()
+        rows: list[tuple[str, str]] = []
+        size, whole, too_much = 0, True, False
+        stdout = cast(IO[bytes], proc.stdout)  # stdout=PIPE: never None
+        try:
+            while True:
+                line = stdout.readline(MAX_READ + 1)
+                if not line:
+                    break
+                size += len(line)
+                if size > SACCT_MAX_OUTPUT:
+                    too_much = True
+                    proc.kill()
+                    break
+                # A piece of a line longer than MAX_READ is no row (nor is what follows it).
+                starts_row, whole = whole, line.endswith(b"\n")
+                if starts_row and whole:
+                    raw, _, comment = line.decode("utf-8", "replace").rstrip("\n").partition("|")
+                    rows.append((raw, comment))
+        finally:
+            timer.cancel()
+            stdout.close()
+            code = proc.wait()
+        if too_much:
+            raise NoSummary(f"job {job}: sacct printed more than {SACCT_MAX_OUTPUT} bytes")
+        if code != 0:
+            errors.seek(0)
+            said = " ".join(errors.read(4096).decode("utf-8", "replace").split())[:200]
+            raise NoSummary(f"job {job}: sacct failed ({code}): {said or 'killed'}")
+    return rows
 
 
 def place_and_figures(summary: Summary) -> tuple[JobPlace, Figures]:

@@ -4,7 +4,8 @@ slurmctld runs it as SlurmUser once per finished job, with SLURM_JOB_ID in its
 environment (docs/jobstats.md has the slurm.conf line). It asks every Prometheus
 instance of the configuration (the standalone one, or each shard: a job's nodes may be
 spread over several) for the job's figures, then runs
-``scontrol update job=<id> AdminComment=GF1:...``. A job without GPU series (a CPU job)
+``scontrol update job=<id> AdminComment=GF1:...`` (<id>: the array task or het component
+itself, see :func:`scontrol_target`). A job without GPU series (a CPU job)
 gets no summary. Exit status: 0 stored or nothing to store, 1 when Prometheus, scontrol
 or the configuration failed (slurmctld logs it), 2 for invalid arguments.
 """
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import syslog
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,6 +141,20 @@ def summarize(config: Config, job_id: str, now: float) -> tuple[Summary, list[st
     return whole, down
 
 
+def scontrol_target(job_id: str, env: Mapping[str, str]) -> str:
+    """The one job ``scontrol update`` must change: ``job=<array job id>`` would update every
+    task of the array still in slurmctld, ``job=<het leader>`` every component, so an array
+    task is named ``<array job id>_<task id>`` and a het component ``<het id>+<offset>``
+    (the variables slurmctld sets for its epilog)."""
+    array, task = env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", "")
+    if JOB_ID.fullmatch(array) and JOB_ID.fullmatch(task):
+        return f"{array}_{task}"
+    het, offset = env.get("SLURM_HET_JOB_ID", ""), env.get("SLURM_HET_JOB_OFFSET", "")
+    if JOB_ID.fullmatch(het) and JOB_ID.fullmatch(offset):
+        return f"{het}+{offset}"
+    return job_id
+
+
 def store(config: Config, job_id: str, text: str) -> None:
     argv = [config.scontrol, "update", f"job={job_id}", f"AdminComment={text}"]
     try:
@@ -179,6 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not JOB_ID.fullmatch(job_id):
             say(f"{job_id[:40]!r} is not a job id")
             return 2
+        # The series carry the job's own id; scontrol must name this task/component only.
+        target = job_id if args.job_id is not None else scontrol_target(job_id, os.environ)
         summary, down = summarize(config, job_id, time.time())
         for line in down:
             say(f"job {job_id}: {line}")
@@ -194,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.print:
             print(text)
         else:
-            store(config, job_id, text)
+            store(config, target, text)
         return 1 if down else 0
     except (ConfigError, SummaryError, PromError) as err:
         say(str(err))

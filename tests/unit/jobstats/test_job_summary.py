@@ -10,6 +10,7 @@ import random
 import stat
 import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from jobstats_scenario import CPU, GIB, MEM_USED_GIB, UTIL
 from jobstats_synth import Job, free_port
 
 from gpufleet.cli import main as gpufleet_main
+from gpufleet.jobstats import stored
 from gpufleet_node import build
 from gpufleet_node.job_summary import cli as epilog
 from gpufleet_node.job_summary.summary import (
@@ -187,9 +189,9 @@ def config(tmp_path: Path, *urls: str) -> str:
     return str(path)
 
 
-def stored_comment(work: Path, job_id: str) -> str:
+def stored_comment(work: Path, job_id: str, target: str | None = None) -> str:
     args = (work / "scontrol.args").read_text(encoding="utf-8").splitlines()
-    assert args[:2] == ["update", f"job={job_id}"]
+    assert args[:2] == ["update", f"job={target or job_id}"]
     assert args[2].startswith("AdminComment=") and len(args) == 3
     return args[2].removeprefix("AdminComment=")
 
@@ -236,6 +238,30 @@ def test_epilog_reports_a_failed_scontrol(
     fake(slurm / "bin", "scontrol", 'echo "Invalid job id specified" >&2; exit 1')
     assert epilog.main(["--config", config(slurm, url), "--job-id", job.job_id]) == 1
     assert "Invalid job id specified" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("env", "target"),
+    [
+        ({"SLURM_ARRAY_JOB_ID": "4000", "SLURM_ARRAY_TASK_ID": "7"}, "4000_7"),
+        ({"SLURM_HET_JOB_ID": "5000", "SLURM_HET_JOB_OFFSET": "1"}, "5000+1"),
+        ({"SLURM_ARRAY_JOB_ID": "4000", "SLURM_ARRAY_TASK_ID": "7;x"}, None),
+    ],
+)
+def test_epilog_updates_only_the_array_task_or_het_component(
+    prom: Prom,
+    slurm: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    env: dict[str, str],
+    target: str | None,
+) -> None:
+    """job=<array job id> would overwrite every task's AdminComment still in slurmctld."""
+    url, job, _ = prom
+    monkeypatch.setenv("SLURM_JOB_ID", job.job_id)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert epilog.main(["--config", config(slurm, url)]) == 0
+    assert decode(stored_comment(slurm, job.job_id, target), job.job_id).nodes
 
 
 @pytest.mark.parametrize("job_id", ["", "12_3", "1;reboot", "4242\n"])
@@ -292,7 +318,7 @@ def test_jobstats_falls_back_to_the_stored_summary(
     url, job, _ = prom
     assert epilog.main(["--config", config(slurm, url), "--job-id", job.job_id]) == 0
     comment = stored_comment(slurm, job.job_id)
-    (slurm / "comment").write_text(f"{comment}\n", encoding="utf-8")
+    (slurm / "comment").write_text(f"{job.job_id}|{comment}\n", encoding="utf-8")
     fake(slurm / "bin", "sacct", f'cat "{slurm}/comment"')
     code, out, _ = run(capsys, "jobstats", job.job_id, "--prometheus", url, "--json")
     live = json.loads(out)
@@ -352,13 +378,48 @@ def test_jobstats_refuses_a_hostile_summary_in_one_line(
     assert code == 3 and out == "" and err.count("\n") == 1
 
 
+def test_jobstats_reads_the_jobs_own_row_of_sacct(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """sacct -j of an array's id lists every task: the row whose JobIDRaw is the job counts,
+    not the last line."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    other = small()
+    other.job_id = "78"
+    rows = f"76|{PREFIX}junk\n77|{encode(small())}\n78|{encode(other)}\n"
+    (tmp_path / "rows").write_text(rows, encoding="utf-8")
+    fake(bin_dir, "sacct", f'cat "{tmp_path}/rows"')
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    code, out, err = run(capsys, "jobstats", "77", "--json")
+    assert code == 0, err
+    assert json.loads(out)["job_id"] == "77"
+    code, out, err = run(capsys, "jobstats", "79")
+    assert code == 3 and "sacct does not list the job" in err
+
+
+def test_jobstats_bounds_what_it_reads_of_sacct(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A sacct that never stops is cut off at the bound, not read to the timeout."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake(bin_dir, "sacct", "exec yes 77")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(stored, "SACCT_TIMEOUT_S", 30)
+    started = time.monotonic()
+    code, out, err = run(capsys, "jobstats", "77")
+    assert code == 3 and out == "" and "sacct printed more than" in err and err.count("\n") == 1
+    assert time.monotonic() - started < 20
+
+
 def test_jobstats_without_summary_or_sacct_names_both(
     prom: Prom, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url, job, _ = prom
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    fake(bin_dir, "sacct", "exit 0")  # the job has no AdminComment
+    fake(bin_dir, "sacct", 'echo "$2|"')  # the job has no AdminComment
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     argv = ["jobstats", job.job_id, "--prometheus", url, "--lookback", "1h"]
     code, out, err = run(capsys, *argv)
