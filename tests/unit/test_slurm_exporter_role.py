@@ -19,6 +19,8 @@ import yaml
 from ansible.plugins.loader import filter_loader
 from render_role import ROOT, example_inventory, render, template_value
 
+from gpufleet_node.job_summary import cli as job_summary_cli
+
 filter_loader.add_directory(str(ROOT / "plugins" / "filter"))
 
 ROLE = "slurm_exporter"
@@ -187,3 +189,33 @@ def test_a_configure_run_installs_the_exporter_it_validates_with(tmp_path):
     assert names.index("Install the exporter") < names.index(
         "Write the node map (which Prometheus shard scrapes which node)"
     )
+
+
+# --- job summaries: the EpilogSlurmctld program's configuration ---------------------------
+
+SUMMARY_TASKS = ROOT / "roles" / ROLE / "tasks" / "job_summary.yml"
+
+
+def summary_task(name: str) -> dict:
+    tasks = yaml.safe_load(SUMMARY_TASKS.read_text())
+    (task,) = [t for t in tasks if t["name"] == name]
+    return task
+
+
+def summary_config(overrides: dict | None = None) -> dict:
+    task = summary_task("Write the job summary configuration")
+    values = {**task.get("vars", {}), **(overrides or {})}
+    content = template_value(ROLE, task["ansible.builtin.copy"]["content"], HOST, values)
+    return json.loads(content)
+
+
+def test_the_job_summary_configuration_bounds_the_epilog(tmp_path):
+    doc = summary_config()
+    assert (doc["deadline_s"], doc["slots"]) == (60, 4)
+    run_dir = summary_task("Create the directory of the epilogs' slot files")
+    assert run_dir["ansible.builtin.file"]["mode"] == "0770"
+    assert doc["run_dir"] == template_value(ROLE, run_dir["ansible.builtin.file"]["path"], HOST)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(doc))
+    config = job_summary_cli.load_config(str(path))  # what the role's validate: runs
+    assert (config.deadline_s, config.slots, config.run_dir) == (60, 4, doc["run_dir"])

@@ -13,15 +13,21 @@ or the configuration failed (slurmctld logs it), 2 for invalid arguments.
 from __future__ import annotations
 
 import argparse
+import errno
+import fcntl
 import json
+import math
 import os
+import signal
 import subprocess
 import sys
 import syslog
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import IO, Any, Callable, TypeVar
 
 from gpufleet_node.job_summary import gather
 from gpufleet_node.job_summary.prom import PromClient, PromError, one_line
@@ -31,6 +37,9 @@ from gpufleet_node.job_summary.summary import JOB_ID, MAX_TEXT, Summary, Summary
 CONFIG = "/etc/gpufleet/job-summary/config.json"
 MAX_CONFIG = 1024 * 1024
 SCONTROL_TIMEOUT_S = 30
+# Margin on SLURM_JOB_START_TIME when it bounds the lookback (series start a scrape late).
+START_MARGIN_S = 600
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -48,6 +57,13 @@ class Config:
     timeout: float = 20.0
     lookback_s: int = 30 * 86400
     scontrol: str = "scontrol"
+    # slurmctld keeps the job completing until its epilog exits: the whole run is bounded.
+    deadline_s: float = 60.0
+    # Epilogs running at once on this host (a burst of job ends), each holding a slot file
+    # of run_dir; "" runs without the cap. One that gets no slot in slot_wait_s skips.
+    run_dir: str = ""
+    slots: int = 4
+    slot_wait_s: float = 5.0
 
 
 def _string(document: dict[str, Any], key: str, default: str = "") -> str:
@@ -75,6 +91,7 @@ def load_config(path: str) -> Config:
         username=_string(document, "username"),
         password_file=_string(document, "password_file"),
         scontrol=_string(document, "scontrol", "scontrol") or "scontrol",
+        run_dir=_string(document, "run_dir"),
     )
     for item in instances:
         if not isinstance(item, dict):
@@ -88,7 +105,7 @@ def load_config(path: str) -> Config:
             except PromError as err:
                 raise ConfigError(f"{path}: {err}") from err
         config.instances.append((_string(item, "name", urls[0]), list(urls)))
-    for key in ("timeout", "lookback_s"):
+    for key in ("timeout", "lookback_s", "deadline_s", "slots", "slot_wait_s"):
         value = document.get(key, getattr(config, key))
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise ConfigError(f"{path}: {key} must be a positive number")
@@ -108,33 +125,73 @@ def read_password(config: Config) -> str | None:
         raise ConfigError(f"{config.password_file}: {err.strerror or err}") from err
 
 
-def summarize(config: Config, job_id: str, now: float) -> tuple[Summary, list[str]]:
+def in_parallel(calls: Sequence[Callable[[], T]]) -> list[T | Exception]:
+    """Each call in a daemon thread, its result or exception in order: one slow instance
+    delays no other, and the deadline's alarm (main thread) can end the program while a
+    thread still waits on a socket."""
+    results: list[T | Exception] = [Exception("not run")] * len(calls)
+
+    def run(k: int, call: Callable[[], T]) -> None:
+        try:
+            results[k] = call()
+        except Exception as err:  # handed to the caller
+            results[k] = err
+
+    threads = [threading.Thread(target=run, args=item, daemon=True) for item in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def lookback(config: Config, env: Mapping[str, str], now: float) -> int:
+    """How far back the job's series are looked for: since the job's start where the
+    environment gives it (a shorter range is a cheaper query), else the configured days."""
+    start = env.get("SLURM_JOB_START_TIME", "")
+    if start.isdigit() and 0 < int(start) <= now:
+        return max(60, min(config.lookback_s, math.ceil(now - int(start)) + START_MARGIN_S))
+    return config.lookback_s
+
+
+def summarize(
+    config: Config, job_id: str, now: float, lookback_s: int | None = None
+) -> tuple[Summary, list[str]]:
     """The job's summary over every instance, and the instances that did not answer."""
     secret = read_password(config)
+    since = config.lookback_s if lookback_s is None else lookback_s
 
     def make(url: str) -> PromClient:
         return PromClient(url, config.timeout, config.ca_file or None, config.username, secret)
 
+    def find_on(name: str, urls: list[str]) -> tuple[PromClient, Summary]:
+        client, why = gather.first_answer(urls, make, name)
+        if client is None:
+            raise PromError(why)
+        try:
+            return client, gather.find(client, job_id, since, now)
+        except PromError as err:
+            raise PromError(f"{name}: {err}") from err
+
+    calls = [partial(find_on, name, urls) for name, urls in config.instances]
     down: list[str] = []
     names: list[str] = []  # of the instances in ``down``
     found: list[tuple[PromClient, Summary]] = []
-    for name, urls in config.instances:
-        client, why = gather.first_answer(urls, make, name)
-        if client is None:
-            down.append(why)
+    for (name, _), result in zip(config.instances, in_parallel(calls)):
+        if isinstance(result, PromError):
+            down.append(str(result))
             names.append(name)
-            continue
-        try:
-            part = gather.find(client, job_id, config.lookback_s, now)
-        except PromError as err:
-            down.append(f"{name}: {err}")
-            names.append(name)
-            continue
-        if part.nodes:
-            found.append((client, part))
+        elif isinstance(result, Exception):
+            raise result
+        elif result[1].nodes:
+            found.append(result)
     whole = gather.merge(job_id, [part for _, part in found])
-    for client, part in found:
-        gather.figures(client, part, whole.start, whole.end)
+    done = in_parallel(
+        [partial(gather.figures, client, part, whole.start, whole.end) for client, part in found]
+    )
+    for failed in done:
+        if isinstance(failed, Exception):
+            raise failed
     whole = gather.merge(job_id, [part for _, part in found])
     # Stored all the same: the reader lists what is missing, as for a live shard down.
     whole.down = [name[:MAX_TEXT] for name in names]
@@ -168,11 +225,91 @@ def store(config: Config, job_id: str, text: str) -> None:
         raise ConfigError(f"scontrol update job={job_id} failed ({done.returncode}): {said}")
 
 
+class NoSlot(Exception):
+    """Every slot is taken: too many epilogs at once on this host."""
+
+
+def take_slot(config: Config) -> IO[bytes] | None:
+    """An flock on one of run_dir's slot files, held until the program exits (None: no
+    cap configured). Raises NoSlot after slot_wait_s, ConfigError if run_dir is unusable."""
+    if not config.run_dir:
+        return None
+    waited_until = time.monotonic() + config.slot_wait_s
+    while True:
+        for k in range(config.slots):
+            path = os.path.join(config.run_dir, f"slot-{k}")
+            try:
+                handle = open(path, "ab")  # noqa: SIM115 - held until exit
+            except OSError as err:
+                raise ConfigError(f"{path}: {err.strerror or err}") from err
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return handle
+            except OSError as err:
+                handle.close()
+                if err.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise ConfigError(f"{path}: {err.strerror or err}") from err
+        if time.monotonic() >= waited_until:
+            raise NoSlot(f"{config.slots} job summaries already running on this host")
+        time.sleep(0.2)
+
+
+class Deadline(Exception):
+    """The program ran past deadline_s."""
+
+
+def _on_alarm(signum: int, frame: object) -> None:
+    raise Deadline()
+
+
 def say(line: str) -> None:
     """stderr, and syslog: slurmctld keeps no output of its epilog."""
     print(f"gpufleet-job-summary: {line}", file=sys.stderr)
     syslog.openlog("gpufleet-job-summary", 0, syslog.LOG_DAEMON)
     syslog.syslog(syslog.LOG_WARNING, line)
+
+
+def bounded(config: Config, job_id: str, target: str, print_only: bool) -> int:
+    """run() within deadline_s (an alarm) and a host-wide slot: never a job held in CG
+    for long, nor a burst of job ends running hundreds of these at once."""
+    previous = signal.signal(signal.SIGALRM, _on_alarm)
+    signal.alarm(max(1, math.ceil(config.deadline_s)))
+    slot = None
+    try:
+        slot = take_slot(config)
+        return run(config, job_id, target, print_only)
+    except Deadline:
+        say(f"job {job_id}: not done in {config.deadline_s:g}s (deadline_s), nothing stored")
+        return 1
+    except NoSlot as err:
+        say(f"job {job_id}: {err}, nothing stored")
+        return 1
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        if slot is not None:
+            slot.close()
+
+
+def run(config: Config, job_id: str, target: str, print_only: bool) -> int:
+    now = time.time()
+    summary, down = summarize(config, job_id, now, lookback(config, os.environ, now))
+    for line in down:
+        say(f"job {job_id}: {line}")
+    if not summary.nodes:
+        if down:
+            return 1
+        print(
+            f"gpufleet-job-summary: job {job_id}: no GPU series, nothing stored",
+            file=sys.stderr,
+        )
+        return 0
+    text = encode(summary)
+    if print_only:
+        print(text)
+    else:
+        store(config, target, text)
+    return 1 if down else 0
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -196,23 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         # The series carry the job's own id; scontrol must name this task/component only.
         target = job_id if args.job_id is not None else scontrol_target(job_id, os.environ)
-        summary, down = summarize(config, job_id, time.time())
-        for line in down:
-            say(f"job {job_id}: {line}")
-        if not summary.nodes:
-            if down:
-                return 1
-            print(
-                f"gpufleet-job-summary: job {job_id}: no GPU series, nothing stored",
-                file=sys.stderr,
-            )
-            return 0
-        text = encode(summary)
-        if args.print:
-            print(text)
-        else:
-            store(config, target, text)
-        return 1 if down else 0
+        return bounded(config, job_id, target, args.print)
     except (ConfigError, SummaryError, PromError) as err:
         say(str(err))
         return 1

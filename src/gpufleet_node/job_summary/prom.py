@@ -93,7 +93,9 @@ def _read_until(response: Any, deadline: float) -> bytes:
     while size <= MAX_BODY:
         if time.monotonic() > deadline:
             raise TimeoutError("the answer took longer than the timeout")
-        part = response.read(min(CHUNK, MAX_BODY + 1 - size))
+        # read1: what has come, not a full chunk, so a server that drips a byte at a time
+        # meets the deadline here (each recv is bounded by the socket timeout).
+        part = response.read1(min(CHUNK, MAX_BODY + 1 - size))
         if not part:
             break
         parts.append(part)

@@ -4,14 +4,18 @@ Prometheus and a fake scontrol, and ``gpufleet jobstats`` reading them back."""
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import random
+import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +26,8 @@ from gpufleet.cli import main as gpufleet_main
 from gpufleet.jobstats import stored
 from gpufleet_node import build
 from gpufleet_node.job_summary import cli as epilog
+from gpufleet_node.job_summary import gather
+from gpufleet_node.job_summary.prom import PromClient, PromError
 from gpufleet_node.job_summary.summary import (
     MAX_ENCODED,
     PREFIX,
@@ -182,10 +188,11 @@ def slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def config(tmp_path: Path, *urls: str) -> str:
+def config(tmp_path: Path, *urls: str, **extra: object) -> str:
     path = tmp_path / "job-summary.json"
     instances = [{"name": f"shard-{k}", "urls": [url]} for k, url in enumerate(urls)]
-    path.write_text(json.dumps({"prometheus": instances, "timeout": 10}), encoding="utf-8")
+    document = {"prometheus": instances, "timeout": 10, **extra}
+    path.write_text(json.dumps(document), encoding="utf-8")
     return str(path)
 
 
@@ -262,6 +269,119 @@ def test_epilog_updates_only_the_array_task_or_het_component(
         monkeypatch.setenv(name, value)
     assert epilog.main(["--config", config(slurm, url)]) == 0
     assert decode(stored_comment(slurm, job.job_id, target), job.job_id).nodes
+
+
+@pytest.fixture()
+def drip() -> Iterator[Callable[[bytes], str]]:
+    """A server that answers with ``head`` then one more byte every 0.2 s, forever."""
+    stop = threading.Event()
+    servers: list[socket.socket] = []
+
+    def feed(conn: socket.socket, head: bytes) -> None:
+        with conn:
+            try:
+                conn.recv(65536)
+                conn.sendall(head)
+                while not stop.wait(0.2):
+                    conn.sendall(b" ")
+            except OSError:
+                pass
+
+    def serve(server: socket.socket, head: bytes) -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=feed, args=(conn, head), daemon=True).start()
+
+    def start(head: bytes) -> str:
+        server = socket.create_server(("127.0.0.1", 0))
+        servers.append(server)
+        threading.Thread(target=serve, args=(server, head), daemon=True).start()
+        return f"http://127.0.0.1:{server.getsockname()[1]}"
+
+    yield start
+    stop.set()
+    for server in servers:
+        server.close()
+
+
+def test_a_dripping_answer_is_bounded_by_the_query_timeout(drip: Callable[[bytes], str]) -> None:
+    """The socket timeout never fires on a byte per 0.2 s; the deadline between reads must."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 999999\r\n\r\n"
+    client = PromClient(drip(head), timeout=1)
+    failed: list[Exception] = []
+
+    def ask() -> None:
+        try:
+            client.query("vector(1)", 0)
+        except PromError as err:
+            failed.append(err)
+
+    asking = threading.Thread(target=ask, daemon=True)
+    asking.start()
+    asking.join(15)
+    assert not asking.is_alive() and failed and "timeout" in str(failed[0])
+
+
+def test_the_epilog_gives_up_at_its_deadline(drip: Callable[[bytes], str], tmp_path: Path) -> None:
+    """Headers dripped forever: nothing but the overall deadline ends the query."""
+    url = drip(b"HTTP/1.1 200 OK\r\nX-Drip: ")
+    cfg = config(tmp_path, url, timeout=1, deadline_s=2)
+    code = (
+        "import sys; from gpufleet_node.job_summary.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", code, "--config", cfg, "--job-id", "4242"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1 and time.monotonic() - started < 30
+    assert "not done in 2s (deadline_s)" in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_the_epilog_skips_when_every_slot_is_taken(
+    prom: Prom, slurm: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, job, _ = prom
+    cfg = config(slurm, url, run_dir=str(slurm), slots=1, slot_wait_s=0.5)
+    with open(slurm / "slot-0", "ab") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert epilog.main(["--config", cfg, "--job-id", job.job_id]) == 1
+    assert not (slurm / "scontrol.args").exists()
+    err = capsys.readouterr().err
+    assert "1 job summaries already running" in err and err.count("\n") == 1
+    # The slot free again: the summary is stored.
+    assert epilog.main(["--config", cfg, "--job-id", job.job_id]) == 0
+    assert decode(stored_comment(slurm, job.job_id), job.job_id).nodes
+
+
+def test_the_epilog_asks_the_instances_in_parallel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def slow(urls: list[str], make: object, name: str) -> tuple[object, str]:
+        time.sleep(1)
+        return None, f"{name}: no replica answers"
+
+    monkeypatch.setattr(gather, "first_answer", slow)
+    cfg = epilog.load_config(config(tmp_path, *[f"http://127.0.0.1:{k + 1}" for k in range(4)]))
+    started = time.monotonic()
+    summary, down = epilog.summarize(cfg, "4242", time.time())
+    assert len(down) == 4 and summary.down == ["shard-0", "shard-1", "shard-2", "shard-3"]
+    assert time.monotonic() - started < 3
+
+
+def test_the_lookback_starts_at_the_jobs_start_where_slurm_gives_it(tmp_path: Path) -> None:
+    cfg = epilog.load_config(config(tmp_path, "http://127.0.0.1:1"))
+    now = 1_764_122_400.0
+    assert epilog.lookback(cfg, {"SLURM_JOB_START_TIME": str(int(now) - 3600)}, now) == 4200
+    assert epilog.lookback(cfg, {}, now) == 30 * 86400
+    assert epilog.lookback(cfg, {"SLURM_JOB_START_TIME": "-5"}, now) == 30 * 86400
+    assert epilog.lookback(cfg, {"SLURM_JOB_START_TIME": str(int(now) - 10**9)}, now) == 30 * 86400
 
 
 @pytest.mark.parametrize("job_id", ["", "12_3", "1;reboot", "4242\n"])
