@@ -56,7 +56,8 @@ class Config:
     password_file: str = ""
     timeout: float = 20.0
     lookback_s: int = 30 * 86400
-    scontrol: str = "scontrol"
+    scontrol: str = "scontrol"  # an absolute path: slurmctld gives its epilog no PATH
+    slurm_conf: str = ""  # SLURM_CONF for scontrol (nor that): "" is Slurm's default
     # slurmctld keeps the job completing until its epilog exits: the whole run is bounded.
     deadline_s: float = 60.0
     # Epilogs running at once on this host (a burst of job ends), each holding a slot file
@@ -92,6 +93,7 @@ def load_config(path: str) -> Config:
         password_file=_string(document, "password_file"),
         scontrol=_string(document, "scontrol", "scontrol") or "scontrol",
         run_dir=_string(document, "run_dir"),
+        slurm_conf=_string(document, "slurm_conf"),
     )
     for item in instances:
         if not isinstance(item, dict):
@@ -214,9 +216,12 @@ def scontrol_target(job_id: str, env: Mapping[str, str]) -> str:
 
 def store(config: Config, job_id: str, text: str) -> None:
     argv = [config.scontrol, "update", f"job={job_id}", f"AdminComment={text}"]
+    env = dict(os.environ)
+    if config.slurm_conf:
+        env["SLURM_CONF"] = config.slurm_conf
     try:
         done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_S, check=False
+            argv, capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_S, check=False, env=env
         )
     except (OSError, subprocess.TimeoutExpired) as err:
         raise ConfigError(f"{config.scontrol}: {one_line(str(err))}") from err

@@ -271,6 +271,21 @@ def test_epilog_updates_only_the_array_task_or_het_component(
     assert decode(stored_comment(slurm, job.job_id, target), job.job_id).nodes
 
 
+def test_scontrol_gets_the_configured_slurm_conf(
+    prom: Prom, slurm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """slurmctld gives its epilog no SLURM_CONF: a site's slurm.conf comes from the config."""
+    url, job, _ = prom
+    fake(slurm / "bin", "scontrol", f'echo "$SLURM_CONF" > "{slurm}/conf"')
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    cfg = config(
+        slurm, url, slurm_conf="/etc/slurm/site.conf", scontrol=str(slurm / "bin/scontrol")
+    )
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert epilog.main(["--config", cfg, "--job-id", job.job_id]) == 0
+    assert (slurm / "conf").read_text(encoding="utf-8") == "/etc/slurm/site.conf\n"
+
+
 @pytest.fixture()
 def drip() -> Iterator[Callable[[bytes], str]]:
     """A server that answers with ``head`` then one more byte every 0.2 s, forever."""
