@@ -132,28 +132,32 @@ def to_json(summary: Summary, gpu_limit: int | None = None) -> dict[str, Any]:
     }
 
 
-def _pack(document: dict[str, Any]) -> str:
-    raw = json.dumps(document, separators=(",", ":"), ensure_ascii=True).encode()
+def _dump(document: dict[str, Any]) -> bytes:
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def _pack(raw: bytes) -> str:
     return PREFIX + base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
 
 
 def encode(summary: Summary, limit: int = MAX_ENCODED) -> str:
-    """The AdminComment text, at most ``limit`` characters: GPU rows are left out (the
-    last ones, counted in ``dropped``) until it fits."""
-    check(summary)
-    text = _pack(to_json(summary))
+    """The AdminComment text, at most ``limit`` characters and MAX_JSON inflated: GPU rows
+    are left out (the last ones, counted in ``dropped``) until it fits. What is returned
+    passed the reader's checks (the text stored, not the whole document: a job too large
+    for the reader's bounds still gets its summary, cut)."""
     keep = len(summary.gpus)
-    while len(text) > limit:
+    while True:
+        raw = _dump(to_json(summary, keep))
+        text = _pack(raw)
+        if len(text) <= limit and len(raw) <= MAX_JSON:
+            break
         if keep == 0:
             raise SummaryError(f"job {summary.job_id}: summary exceeds {limit} characters")
-        keep = keep * 9 // 10
-        text = _pack(to_json(summary, keep))
+        # Proportional first (a huge job would take many steps), then a tenth at a time.
+        share = min(limit / len(text), MAX_JSON / len(raw))
+        keep = min(keep * 9 // 10, int(keep * share))
+    decode(text, summary.job_id, limit=limit)
     return text
-
-
-def check(summary: Summary) -> None:
-    """A summary built here must pass the reader's checks too."""
-    decode(_pack(to_json(summary)), summary.job_id, limit=None)
 
 
 def _text(document: dict[str, Any], key: str) -> str:

@@ -90,19 +90,31 @@ def test_what_no_reader_would_accept_is_cleaned_when_written() -> None:
 
 
 def test_a_huge_job_is_cut_to_the_size_bound() -> None:
+    """Realistic rows (FQDNs, every figure): 16,000 GPUs inflate past the reader's MAX_JSON
+    before they are cut; the cut text is what must fit, and does."""
     rng = random.Random(7)
     summary = Summary(job_id="9", start=0.0, end=3600.0)
-    for n in range(2000):
-        summary.nodes[f"gpu{n:05d}"] = (8, {"cpu_mean": rng.random()})
-        for g in range(8):
-            summary.gpus[(f"gpu{n:05d}", str(g))] = {
-                name: rng.random() * 100 for name in ("util_mean", "util_max", "power_mean")
+    gpus_per_node, nodes = 8, 2000
+    for n in range(nodes):
+        node = f"gpu-node-{n:05d}.rack{n // 40:03d}.cluster.example.org"
+        summary.nodes[node] = (gpus_per_node, {
+            "cpu_mean": rng.random(), "cpu_max": rng.random(), "mem_max": rng.random(),
+            "mem_total": 2.0e12 + rng.random() * 1e9, "cpus": 128.0,
+        })  # fmt: skip
+        for g in range(gpus_per_node):
+            summary.gpus[(node, str(g))] = {
+                "util_mean": rng.random() * 100,
+                "util_max": rng.random() * 100,
+                "mem_used_max": rng.random() * 8.5e10,
+                "mem_total": 85899345920.0,
+                "power_mean": rng.random() * 700,
+                "power_max": rng.random() * 700,
             }
     text = encode(summary)
     assert len(text) <= MAX_ENCODED
     back = decode(text, "9")
     assert back.dropped > 0 and len(back.gpus) + back.dropped == 16000
-    assert len(back.nodes) == 2000  # every node stays; GPU rows go first
+    assert len(back.nodes) == nodes  # every node stays; GPU rows go first
 
 
 ROW = ["n1", 1, 0.5, 0.5, 0.5, 1.0, 64]
