@@ -225,7 +225,8 @@ def decode(text: str, job_id: str, limit: int | None = MAX_ENCODED) -> Summary:
         raise SummaryError(f"longer than {limit} characters")
     try:
         document = json.loads(_inflate(text).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as err:
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        # RecursionError: nesting deeper than the interpreter's stack ("[" * 200000).
         if isinstance(err, SummaryError):
             raise
         raise SummaryError("not JSON") from err

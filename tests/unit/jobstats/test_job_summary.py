@@ -147,6 +147,7 @@ HOSTILE = {
     "truncated": PREFIX + base64.b64encode(zlib.compress(b'{"v": 1}')[:-3]).decode(),
     "not JSON": PREFIX + base64.b64encode(zlib.compress(b"\xff{")).decode(),
     "too long": PREFIX + "A" * MAX_ENCODED,
+    "deep nesting": PREFIX + base64.b64encode(zlib.compress(b"[" * 200000, 9)).decode(),
     "a list": pack([1, 2]),
     "schema 2": pack(doc(v=2)),
     "another job": pack(doc(job="78")),
@@ -515,7 +516,9 @@ def test_jobstats_reads_a_summary_file(tmp_path: Path, capsys: pytest.CaptureFix
     ]
 
 
-@pytest.mark.parametrize("text", [HOSTILE["a zlib bomb"], HOSTILE["another job"], "x" * 70000])
+@pytest.mark.parametrize(
+    "text", [HOSTILE["a zlib bomb"], HOSTILE["another job"], HOSTILE["deep nesting"], "x" * 70000]
+)
 def test_jobstats_refuses_a_hostile_summary_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
 ) -> None:
