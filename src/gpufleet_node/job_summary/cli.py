@@ -178,7 +178,7 @@ def summarize(
     calls = [partial(find_on, name, urls) for name, urls in config.instances]
     down: list[str] = []
     names: list[str] = []  # of the instances in ``down``
-    found: list[tuple[PromClient, Summary]] = []
+    found: list[tuple[str, PromClient, Summary]] = []
     for (name, _), result in zip(config.instances, in_parallel(calls)):
         if isinstance(result, PromError):
             down.append(str(result))
@@ -186,15 +186,22 @@ def summarize(
         elif isinstance(result, Exception):
             raise result
         elif result[1].nodes:
-            found.append(result)
-    whole = gather.merge(job_id, [part for _, part in found])
+            found.append((name, *result))
+    whole = gather.merge(job_id, [part for _, _, part in found])
     done = in_parallel(
-        [partial(gather.figures, client, part, whole.start, whole.end) for client, part in found]
+        [partial(gather.figures, client, part, whole.start, whole.end) for _, client, part in found]
     )
-    for failed in done:
-        if isinstance(failed, Exception):
+    kept = []
+    for (name, _, part), failed in zip(found, done):
+        if isinstance(failed, PromError):
+            # A shard failing now loses its nodes, not the whole summary: named in down.
+            down.append(f"{name}: {failed}")
+            names.append(name)
+        elif isinstance(failed, Exception):
             raise failed
-    whole = gather.merge(job_id, [part for _, part in found])
+        else:
+            kept.append(part)
+    whole = gather.merge(job_id, kept)
     # Stored all the same: the reader lists what is missing, as for a live shard down.
     whole.down = [name[:MAX_TEXT] for name in names]
     return whole, down

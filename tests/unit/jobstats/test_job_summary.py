@@ -17,6 +17,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from jobstats_scenario import CPU, GIB, MEM_USED_GIB, UTIL
@@ -282,6 +283,24 @@ def test_epilog_updates_only_the_array_task_or_het_component(
         monkeypatch.setenv(name, value)
     assert epilog.main(["--config", config(slurm, url)]) == 0
     assert decode(stored_comment(slurm, job.job_id, target), job.job_id).nodes
+
+
+def test_a_shard_failing_mid_run_loses_its_part_only(
+    prom: Prom, slurm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, job, _ = prom
+    other = url.replace("127.0.0.1", "localhost")  # the same Prometheus, as a second shard
+    figures = gather.figures
+
+    def failing(client: PromClient, *args: Any) -> None:
+        if client.url == other:
+            raise PromError(f"{other}: HTTP 503 Service Unavailable")
+        figures(client, *args)
+
+    monkeypatch.setattr(gather, "figures", failing)
+    assert epilog.main(["--config", config(slurm, url, other), "--job-id", job.job_id]) == 1
+    summary = decode(stored_comment(slurm, job.job_id), job.job_id)
+    assert summary.down == ["shard-1"] and summary.nodes and summary.gpus
 
 
 def test_scontrol_gets_the_configured_slurm_conf(
