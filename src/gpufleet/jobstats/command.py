@@ -202,9 +202,11 @@ def stored_report(args: argparse.Namespace, summary: Summary, source: str) -> Ou
         for name in summary.down
     ]
     report.sources = [source]
+    # Holes exit EXIT_NO_DATA, as a live report with a shard down does.
+    code = EXIT_NO_DATA if summary.down or summary.dropped else 0
     if args.json:
-        return Outcome(render.job_json(report))
-    return Outcome(f"{render.job_text(report)}\nsource: {source}")
+        return Outcome(render.job_json(report), code)
+    return Outcome(f"{render.job_text(report)}\nsource: {source}", code)
 
 
 def live_jobstats(args: argparse.Namespace, job_id: str) -> Outcome:

@@ -529,10 +529,21 @@ def test_jobstats_reads_a_summary_file(tmp_path: Path, capsys: pytest.CaptureFix
     down.down = ["shard-3"]
     path.write_text(encode(down), encoding="utf-8")
     code, out, err = run(capsys, "jobstats", "77", "--summary", str(path), "--json")
-    assert code == 0, err
+    assert code == 3, err  # holes: EXIT_NO_DATA, as a live report with a shard down
     assert json.loads(out)["missing"] == [
         "shard-3: did not answer when the summary was stored (the job's nodes there are missing)"
     ]
+
+
+def test_a_stored_summary_with_dropped_rows_exits_as_one_with_holes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cut = small()
+    cut.dropped = 5
+    path = tmp_path / "77.txt"
+    path.write_text(encode(cut), encoding="utf-8")
+    code, out, _ = run(capsys, "jobstats", "77", "--summary", str(path))
+    assert code == 3 and "n1.example:0" in out
 
 
 @pytest.mark.parametrize(
