@@ -17,7 +17,7 @@ import bcrypt
 import pytest
 import yaml
 from ansible.plugins.loader import filter_loader
-from render_role import ROOT, example_inventory, render, template_value
+from render_role import ROOT, evaluate, example_inventory, render, template_value
 
 from gpufleet_node.job_summary import cli as job_summary_cli
 
@@ -238,3 +238,14 @@ def test_the_epilog_gets_scontrols_path_and_slurm_conf():
             for a in look["ansible.builtin.command"]["argv"]]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0  # no /opt/slurm/bin/scontrol here: the task fails
+
+
+def test_job_summaries_are_opt_in():
+    """Off even where the inventory has prometheus hosts: the epilog rewrites every job's
+    AdminComment, and preflight fails on a controller without SlurmUser's group."""
+    groups, _ = example_inventory()
+    assert groups["prometheus"]
+    assert evaluate(ROLE, "slurm_exporter_job_summary | bool", HOST) is False
+    specs = yaml.safe_load((ROOT / "roles" / ROLE / "meta" / "argument_specs.yml").read_text())
+    options = specs["argument_specs"]["main"]["options"]
+    assert options["slurm_exporter_job_summary"]["default"] is False
