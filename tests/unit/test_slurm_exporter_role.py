@@ -249,3 +249,12 @@ def test_job_summaries_are_opt_in():
     specs = yaml.safe_load((ROOT / "roles" / ROLE / "meta" / "argument_specs.yml").read_text())
     options = specs["argument_specs"]["main"]["options"]
     assert options["slurm_exporter_job_summary"]["default"] is False
+
+
+def test_the_job_summary_zipapp_is_built_whatever_the_first_hosts_switch():
+    """run_once takes the first host's when: a controller that turns summaries on while the
+    first host of the play does not would get no zipapp to copy."""
+    tasks = yaml.safe_load((ROOT / "roles" / ROLE / "tasks" / "install.yml").read_text())
+    block = next(t for t in tasks if "block" in t)["block"]
+    (build,) = [t for t in block if t["name"] == "Build the job summary zipapp on the controller"]
+    assert build["run_once"] is True and "when" not in build

@@ -21,7 +21,7 @@ from gpufleet.jobstats import idle, render, stored
 from gpufleet.jobstats.collect import Figures, collect
 from gpufleet.jobstats.discover import JobPlace, check_job_id, find_job, slurm_seen
 from gpufleet.jobstats.promapi import PromClient, PromError
-from gpufleet.jobstats.report import IDLE_THRESHOLD, build_report
+from gpufleet.jobstats.report import IDLE_THRESHOLD, build_report, missing_data
 from gpufleet.jobstats.targets import Instance, Topology, ask, from_inventory, single
 from gpufleet_node.job_summary.summary import Summary
 
@@ -194,6 +194,8 @@ def stored_report(args: argparse.Namespace, summary: Summary, source: str) -> Ou
     place, figures = stored.place_and_figures(summary)
     report = build_report(place, figures, args.threshold, running=False)
     if summary.dropped:
+        why = "GPU rows left out of the stored summary to fit AdminComment, or none known"
+        report.missing = missing_data(place, report.gpus, report.nodes, why)
         report.missing.append(
             f"{summary.dropped} GPUs left out of the stored summary (AdminComment size limit)"
         )

@@ -59,6 +59,10 @@ GPU_FIELDS = (
     "power_max",
 )
 # Digits kept per figure: enough for a report, and the JSON compresses better.
+# util_max decides the idle verdict (util_max < threshold): it is rounded down, so that
+# for any threshold of up to 3 decimals the stored figure gives the live verdict (4.996
+# rounded to 5.00 would have made an idle GPU busy).
+ROUNDED_DOWN = {"util_max"}
 DIGITS = {
     "cpu_mean": 4,
     "cpu_max": 4,
@@ -66,7 +70,7 @@ DIGITS = {
     "mem_total": 0,
     "cpus": 0,
     "util_mean": 2,
-    "util_max": 2,
+    "util_max": 3,
     "mem_used_max": 0,
     "power_mean": 1,
     "power_max": 1,
@@ -102,6 +106,15 @@ def _number(value: float | None, digits: int) -> float | None:
     return int(rounded) if digits == 0 else rounded
 
 
+def _figure(values: Values, name: str) -> float | None:
+    value = values.get(name)
+    if name in ROUNDED_DOWN and value is not None and math.isfinite(value) and value >= 0:
+        # round() first: 4.35 * 1000 is 4349.999..., whose floor would be 4.349.
+        scale = 10 ** DIGITS[name]
+        value = math.floor(round(value * scale, 6)) / scale
+    return _number(value, DIGITS[name])
+
+
 def _clean(text: str) -> str:
     """A label value as stored: printable and short (Prometheus labels may hold anything)."""
     return "".join(ch if ch.isprintable() else "?" for ch in text)[:MAX_TEXT]
@@ -124,8 +137,7 @@ def to_json(summary: Summary, gpu_limit: int | None = None) -> dict[str, Any]:
             for node, (count, values) in sorted(summary.nodes.items())
         ],
         "gpus": [
-            [node, gpu] + [_number(values.get(f), DIGITS[f]) for f in GPU_FIELDS]
-            for (node, gpu), values in kept
+            [node, gpu] + [_figure(values, f) for f in GPU_FIELDS] for (node, gpu), values in kept
         ],
         "dropped": summary.dropped + len(gpus) - len(kept),
         "down": [_clean(name) for name in summary.down[:MAX_DOWN]],

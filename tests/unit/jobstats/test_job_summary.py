@@ -30,6 +30,7 @@ from gpufleet_node.job_summary import cli as epilog
 from gpufleet_node.job_summary import gather
 from gpufleet_node.job_summary.prom import PromClient, PromError
 from gpufleet_node.job_summary.summary import (
+    DIGITS,
     MAX_ENCODED,
     PREFIX,
     Summary,
@@ -79,6 +80,18 @@ def test_round_trip_keeps_the_figures() -> None:
     assert back.gpus[("n1.example", "0")]["util_mean"] == pytest.approx(80.04)
     assert back.gpus[("n1.example", "1")] == {"util_max": 1.0, "mem_used_max": 1073741824.0}
     assert back.dropped == 0
+
+
+@pytest.mark.parametrize(
+    ("util_max", "threshold"), [(4.996, 5.0), (4.9996, 5.0), (4.35, 4.35), (4.349, 4.35)]
+)
+def test_the_stored_peak_gives_the_live_idle_verdict(util_max: float, threshold: float) -> None:
+    """Rounded to nearest, 4.996 was stored as 5.00: an idle GPU became busy."""
+    summary = small()
+    summary.gpus[("n1.example", "0")]["util_max"] = util_max
+    back = decode(encode(summary), "77").gpus[("n1.example", "0")]["util_max"]
+    assert (back < threshold) == (util_max < threshold)
+    assert back == pytest.approx(util_max, abs=0.001)
 
 
 def test_what_no_reader_would_accept_is_cleaned_when_written() -> None:
@@ -501,17 +514,15 @@ def test_jobstats_falls_back_to_the_stored_summary(
     assert report["verdict"] == live["verdict"] == "idle GPUs"
     assert report["advice"] == live["advice"]
     assert report["end"] == live["end"] and report["running"] is False
-    for mine, theirs in zip(report["gpus"], live["gpus"], strict=True):
-        assert (mine["node"], mine["gpu"], mine["idle"]) == (
-            theirs["node"],
-            theirs["gpu"],
-            theirs["idle"],
-        )
-        for name in ("util_mean", "util_max", "mem_used_max", "mem_total", "power_mean"):
-            assert mine[name] == pytest.approx(theirs[name], rel=1e-3, abs=0.01), name
-    for mine, theirs in zip(report["nodes"], live["nodes"], strict=True):
-        assert mine["cpu_mean"] == pytest.approx(theirs["cpu_mean"], abs=1e-4)
-        assert mine["gpus_allocated"] == theirs["gpus_allocated"]
+    # Every field of every row, within its stored rounding (summary.DIGITS).
+    for mine_rows, their_rows in ((report["gpus"], live["gpus"]), (report["nodes"], live["nodes"])):
+        for mine, theirs in zip(mine_rows, their_rows, strict=True):
+            assert set(mine) == set(theirs)
+            for name, value in theirs.items():
+                if isinstance(value, float) and name in DIGITS:
+                    assert mine[name] == pytest.approx(value, abs=10.0 ** -DIGITS[name]), name
+                else:
+                    assert mine[name] == value, name
     # Text output says where the figures come from; without a Prometheus, sacct only.
     code, out, _ = run(capsys, "jobstats", job.job_id)
     assert code == 0 and "request 4 GPUs instead of 6" in out
@@ -533,6 +544,21 @@ def test_jobstats_reads_a_summary_file(tmp_path: Path, capsys: pytest.CaptureFix
     assert json.loads(out)["missing"] == [
         "shard-3: did not answer when the summary was stored (the job's nodes there are missing)"
     ]
+
+
+def test_gpus_dropped_to_fit_are_said_to_be(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not "GPU indices unknown (shared GRES...)": the rows were left out when stored."""
+    cut = small()
+    cut.nodes["n2.example"] = (4, {"cpu_mean": 0.5})
+    cut.dropped = 4
+    path = tmp_path / "77.txt"
+    path.write_text(encode(cut), encoding="utf-8")
+    _, out, _ = run(capsys, "jobstats", "77", "--summary", str(path), "--json")
+    missing = json.loads(out)["missing"]
+    assert missing[0].startswith("n2.example: 4 of 4 GPU indices unknown (GPU rows left out")
+    assert not any("shared GRES" in line for line in missing)
 
 
 def test_a_stored_summary_with_dropped_rows_exits_as_one_with_holes(
