@@ -109,9 +109,12 @@ def load_config(path: str) -> Config:
         config.instances.append((_string(item, "name", urls[0]), list(urls)))
     for key in ("timeout", "lookback_s", "deadline_s", "slots", "slot_wait_s"):
         value = document.get(key, getattr(config, key))
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value < 1e9:
             raise ConfigError(f"{path}: {key} must be a positive number")
-        setattr(config, key, type(getattr(config, key))(value))
+        value = type(getattr(config, key))(value)  # int keys: 0.5 slots is none
+        if not value > 0:
+            raise ConfigError(f"{path}: {key} must be a positive number")
+        setattr(config, key, value)
     return config
 
 

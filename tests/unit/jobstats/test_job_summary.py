@@ -458,6 +458,8 @@ def test_epilog_refuses_a_hostile_job_id(slurm: Path, job_id: str) -> None:
         {"prometheus": [{"urls": ["http://user:pw@mon:9090"]}]},
         {"prometheus": [{"urls": ["file:///etc/passwd"]}]},
         {"prometheus": [{"urls": ["http://mon:9090"]}], "timeout": -1},
+        {"prometheus": [{"urls": ["http://mon:9090"]}], "slots": 0.5},
+        {"prometheus": [{"urls": ["http://mon:9090"]}], "deadline_s": float("inf")},
         {"prometheus": [{"urls": ["http://mon:9090"], "name": "a\nb"}]},
     ],
 )
