@@ -85,8 +85,16 @@ def utc(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(ts))
 
 
-def missing_data(place: JobPlace, gpus: list[GpuStat], nodes: list[NodeStat]) -> list[str]:
-    """One line per hole in the data: what is missing and why it may be."""
+INDICES_UNKNOWN = (
+    "the Slurm exporter reports none for shared GRES or when its series cap is reached"
+)
+
+
+def missing_data(
+    place: JobPlace, gpus: list[GpuStat], nodes: list[NodeStat], why: str = INDICES_UNKNOWN
+) -> list[str]:
+    """One line per hole in the data: what is missing and why it may be (``why``: of GPU
+    indices unknown)."""
     lines = []
     if place.earlier_run_end:
         lines.append(
@@ -97,10 +105,7 @@ def missing_data(place: JobPlace, gpus: list[GpuStat], nodes: list[NodeStat]) ->
     for node, count in sorted(place.gpus_allocated.items()):
         known = len(place.gpu_indices.get(node, []))
         if known < count:
-            lines.append(
-                f"{node}: {count - known} of {count} GPU indices unknown (the Slurm exporter "
-                "reports none for shared GRES or when its series cap is reached)"
-            )
+            lines.append(f"{node}: {count - known} of {count} GPU indices unknown ({why})")
     no_data = [f"{g.node}:{g.gpu}" for g in gpus if not g.has_data]
     if no_data:
         lines.append(
