@@ -7,7 +7,10 @@ sum of N hourly points (``[N h - 1m : 1h]``, the rules' own convention).
 
 With ``--threshold T``: computed from the per-(job, GPU) utilization series on the shards
 (or the standalone Prometheus): a 5-minute step counts when the GPU's maximum in it stayed
-under T. Costlier, and the global tier cannot answer it (those series are not federated).
+under T. Costlier (its cost grows with the GPUs and the window: a 5-minute subquery over
+every per-(job, GPU) series), so it is asked once, by user and account together, and the
+user and account totals are both summed from that answer (a job's series carries both
+labels); the global tier cannot answer it (those series are not federated).
 """
 
 from __future__ import annotations
@@ -58,12 +61,13 @@ def recorded_expr(prefix: str, key: str, since_s: int) -> str:
     return f"sum by ({key}) (sum_over_time({series}[{since_s - 60}s:1h]))"
 
 
-def raw_expr(key: str, since_s: int, threshold: float) -> str:
+def raw_expr(since_s: int, threshold: float) -> str:
     inner = (
         f"(max_over_time(slurm_job_gpu:gpu_utilization_percent:max[{STEP_MIN}m]) < {threshold:g})"
     )
     return (
-        f"sum by ({key}) (count_over_time({inner}[{since_s}s:{STEP_MIN}m])) * {STEP_MIN / 60:.6g}"
+        f"sum by (user, account) (count_over_time({inner}[{since_s}s:{STEP_MIN}m]))"
+        f" * {STEP_MIN / 60:.6g}"
     )
 
 
@@ -98,10 +102,8 @@ def recorded(client: PromClient, since_s: int, now: float) -> dict[str, dict[str
 def raw(
     client: PromClient, since_s: int, now: float, threshold: float
 ) -> dict[str, dict[str, float]]:
-    return {
-        key: by_key(client.query(raw_expr(key, since_s, threshold), now), key)
-        for key in ("user", "account")
-    }
+    samples = client.query(raw_expr(since_s, threshold), now)
+    return {key: by_key(samples, key) for key in ("user", "account")}
 
 
 def add(parts: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:

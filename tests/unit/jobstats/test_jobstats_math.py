@@ -212,7 +212,10 @@ def test_idle_queries_follow_the_rules_convention() -> None:
         "sum by (user) (sum_over_time(global_slurm_user:gpu_hours_allocated_idle:sum1h"
         "[604740s:1h]))"
     )
-    assert "< 7.5)[86400s:5m]" in raw_expr("account", 86400, 7.5)
+    assert raw_expr(86400, 7.5) == (
+        "sum by (user, account) (count_over_time((max_over_time("
+        "slurm_job_gpu:gpu_utilization_percent:max[5m]) < 7.5)[86400s:5m])) * 0.0833333"
+    )
 
 
 def test_idle_rows_add_shards_and_sort() -> None:
