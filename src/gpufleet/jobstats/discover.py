@@ -35,6 +35,7 @@ SPAN_STEP_S = 60  # resolution of the start time
 # opposed to a missed scrape. Prometheus answers at most 11,000 points per series.
 GAP_STEPS = 3
 MAX_POINTS = 10_000
+MAX_SUBQUERY_POINTS = 20_000  # under VictoriaMetrics' 30,000 per series
 
 
 @dataclass
@@ -94,11 +95,7 @@ def find_job(client: PromClient, job_id: str, lookback_s: int, now: float) -> Jo
     place = allocation(client, JobPlace(job_id=job_id), selector, lookback_s, now)
     if not place.gpus_allocated:
         return place
-    ts = f"timestamp({selector})[{lookback_s}s:{SPAN_STEP_S}s]"
-    starts = client.query(f"min(min_over_time({ts}))", now)
-    ends = client.query(f"max(max_over_time({ts}))", now)
-    place.start = starts[0].value if starts else now
-    place.end = ends[0].value if ends else now
+    place.start, place.end = span_of(client, selector, lookback_s, now)
     step = max(SPAN_STEP_S, -(-(place.end - place.start) // MAX_POINTS))
     presence = client.query_range(f"count({selector})", place.start, place.end, step)
     times = sorted(t for _, values in presence for t, _ in values)
@@ -116,6 +113,29 @@ def find_job(client: PromClient, job_id: str, lookback_s: int, now: float) -> Jo
         client, job_id, place, span
     )
     return place
+
+
+def span_of(client: PromClient, selector: str, lookback_s: int, now: float) -> tuple[float, float]:
+    """(first, last sample time) of ``selector`` in the lookback, to SPAN_STEP_S.
+
+    A long lookback is searched at a coarser step first, then around what it found:
+    VictoriaMetrics refuses a subquery of more than 30,000 points (1.79's default).
+    """
+    coarse = max(SPAN_STEP_S, -(-lookback_s // MAX_SUBQUERY_POINTS))
+    ts = f"timestamp({selector})"
+    starts = client.query(f"min(min_over_time({ts}[{lookback_s}s:{coarse}s]))", now)
+    ends = client.query(f"max(max_over_time({ts}[{lookback_s}s:{coarse}s]))", now)
+    start = starts[0].value if starts else now
+    end = ends[0].value if ends else now
+    if coarse > SPAN_STEP_S and starts and ends:
+        # The coarse first point is at most one coarse step after the first sample, and the
+        # last one at most one before the last sample (a staleness marker may hide it).
+        near = f"[{coarse + SPAN_STEP_S}s:{SPAN_STEP_S}s]"
+        first = client.query(f"min(min_over_time({ts}{near}))", start)
+        last = client.query(f"max(max_over_time({ts}{near}))", min(now, end + coarse))
+        start = first[0].value if first else start
+        end = last[0].value if last else end
+    return start, end
 
 
 def allocation(
