@@ -3,6 +3,8 @@
 Missing data ends with one line on stderr and EXIT_NO_DATA: an unknown job (or one older
 than the retention), a Prometheus, shard or global tier that does not answer. A report
 with holes (a shard down while others hold the job) is printed, and exits EXIT_NO_DATA too.
+A job Prometheus no longer holds is reported from the summary the slurmctld epilog stored
+(:mod:`gpufleet.jobstats.stored`): read with sacct where it runs, or from ``--summary``.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpufleet.jobstats import idle, render
+from gpufleet.jobstats import idle, render, stored
 from gpufleet.jobstats.collect import Figures, collect
 from gpufleet.jobstats.discover import JobPlace, check_job_id, find_job, slurm_seen
 from gpufleet.jobstats.promapi import PromClient, PromError
 from gpufleet.jobstats.report import IDLE_THRESHOLD, build_report
 from gpufleet.jobstats.targets import Instance, Topology, ask, from_inventory, single
+from gpufleet_node.job_summary.summary import Summary
 
 EXIT_NO_DATA = 3
 PASSWORD_ENV = "GPUFLEET_PROMETHEUS_PASSWORD"
@@ -53,8 +56,8 @@ def seconds(text: str) -> float:
     return value
 
 
-def add_source_arguments(parser: argparse.ArgumentParser) -> None:
-    where = parser.add_mutually_exclusive_group(required=True)
+def add_source_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    where = parser.add_mutually_exclusive_group(required=required)
     where.add_argument("--prometheus", metavar="URL", help="the Prometheus to query")
     where.add_argument(
         "-i", "--inventory", metavar="INVENTORY", help="node list file or inventory directory"
@@ -73,7 +76,13 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
 def add_parsers(commands: Any) -> None:
     jobstats = commands.add_parser("jobstats", help="GPU, CPU and memory use of a Slurm job")
     jobstats.add_argument("job_id", metavar="JOBID")
-    add_source_arguments(jobstats)
+    # Without --prometheus/-i: the stored summary, from sacct or --summary.
+    add_source_arguments(jobstats, required=False)
+    jobstats.add_argument(
+        "--summary",
+        metavar="FILE",
+        help="read the job's stored summary (its AdminComment text) from FILE, not Prometheus",
+    )
     jobstats.add_argument(
         "--lookback", default="30d", help="how far back to look for the job (default 30d)"
     )
@@ -144,7 +153,61 @@ def _find_on(
 
 
 def run_jobstats(args: argparse.Namespace) -> Outcome:
+    """The live report; the stored summary when Prometheus does not hold the job."""
     job_id = check_job_id(args.job_id)
+    if args.summary:
+        if args.prometheus or args.inventory:
+            raise ValueError("--summary reads no Prometheus: drop --prometheus/-i")
+        summary = _stored(lambda: stored.from_file(args.summary, job_id))
+        return stored_report(args, summary, f"the summary in {args.summary}")
+    if not (args.prometheus or args.inventory):
+        if not stored.sacct_available():
+            raise ValueError("give --prometheus URL, -i INVENTORY or --summary FILE")
+        return stored_report(args, _stored(lambda: stored.from_sacct(job_id)), SACCT_SOURCE)
+    try:
+        return live_jobstats(args, job_id)
+    except NoData as err:
+        if not stored.sacct_available():
+            raise
+        try:
+            summary = stored.from_sacct(job_id)
+        except stored.NoSummary as why:
+            raise NoData(f"{err}; no stored summary either: {why}") from err
+        outcome = stored_report(args, summary, SACCT_SOURCE)
+        outcome.stderr.insert(0, f"gpufleet jobstats: {err}")
+        return outcome
+
+
+SACCT_SOURCE = "the summary stored at the job's end (its AdminComment, read with sacct)"
+
+
+def _stored(read: Any) -> Summary:
+    try:
+        summary: Summary = read()
+    except stored.NoSummary as err:
+        raise NoData(str(err)) from err
+    return summary
+
+
+def stored_report(args: argparse.Namespace, summary: Summary, source: str) -> Outcome:
+    """The report from a stored summary: the same figures, verdict computed again."""
+    place, figures = stored.place_and_figures(summary)
+    report = build_report(place, figures, args.threshold, running=False)
+    if summary.dropped:
+        report.missing.append(
+            f"{summary.dropped} GPUs left out of the stored summary (AdminComment size limit)"
+        )
+    report.missing += [
+        f"{name}: did not answer when the summary was stored (the job's nodes there are missing)"
+        for name in summary.down
+    ]
+    report.sources = [source]
+    if args.json:
+        return Outcome(render.job_json(report))
+    return Outcome(f"{render.job_text(report)}\nsource: {source}")
+
+
+def live_jobstats(args: argparse.Namespace, job_id: str) -> Outcome:
     lookback_s = idle.parse_since(args.lookback, "--lookback")
     stats: list[dict[str, Any]] = []
     make = client_factory(args, stats)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpufleet.cli import main
@@ -226,7 +228,6 @@ def test_render_helpers() -> None:
         ["jobstats", "1", "--prometheus", "http://x", "--threshold", "101"],
         ["report", "idle", "--prometheus", "http://x", "--threshold", "-1"],
         ["report", "idle", "--prometheus", "http://x", "--timeout", "0"],
-        ["jobstats", "1"],  # no source
         ["jobstats", "1", "--prometheus", "http://x", "-i", "inv"],  # two sources
     ],
 )
@@ -235,6 +236,22 @@ def test_bad_arguments_refused(argv: list[str], capsys: pytest.CaptureFixture[st
         main(argv)
     assert exit_info.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_no_source_without_sacct(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Without --prometheus/-i the stored summary is read with sacct; none here."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert main(["jobstats", "1"]) == 2
+    assert capsys.readouterr().err == (
+        "gpufleet jobstats: give --prometheus URL, -i INVENTORY or --summary FILE\n"
+    )
+
+
+def test_summary_file_excludes_prometheus(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["jobstats", "1", "--summary", "f", "--prometheus", "http://x"]) == 2
+    assert "--summary reads no Prometheus" in capsys.readouterr().err
 
 
 def test_bad_lookback_names_its_option(capsys: pytest.CaptureFixture[str]) -> None:
