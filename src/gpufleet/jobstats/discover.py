@@ -29,6 +29,9 @@ MAX_GPUS_PER_NODE = 4096
 SAFE_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 SAFE_GPU = re.compile(r"^[0-9]{1,4}$")
 SPAN_STEP_S = 60  # resolution of the start time
+# The span's subquery steps fall on whole minutes: a running or just-ended job's last
+# samples, past the last step, are found at a 1 s step over this many seconds before now.
+LAST_SAMPLES_S = 2 * SPAN_STEP_S
 
 
 @dataclass
@@ -101,8 +104,9 @@ def find_job(client: PromClient, job_id: str, lookback_s: int, now: float) -> Jo
     ts = f"timestamp({selector})[{lookback_s}s:{SPAN_STEP_S}s]"
     starts = client.query(f"min(min_over_time({ts}))", now)
     ends = client.query(f"max(max_over_time({ts}))", now)
+    ends += client.query(f"max(max_over_time(timestamp({selector})[{LAST_SAMPLES_S}s:1s]))", now)
     place.start = starts[0].value if starts else now
-    place.end = ends[0].value if ends else now
+    place.end = max(sample.value for sample in ends) if ends else now
     span = f"[{max(60, round(place.end - place.start))}s]"
     place.gpu_indices = recorded_gpus(client, job_id, place, span) or slurm_gpus(
         client, job_id, place, span

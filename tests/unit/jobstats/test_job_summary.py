@@ -20,6 +20,8 @@ from jobstats_synth import Job, free_port
 from gpufleet.cli import main as gpufleet_main
 from gpufleet_node import build
 from gpufleet_node.job_summary import cli as epilog
+from gpufleet_node.job_summary import gather
+from gpufleet_node.job_summary.prom import PromClient
 from gpufleet_node.job_summary.summary import (
     MAX_ENCODED,
     PREFIX,
@@ -214,6 +216,18 @@ def test_epilog_stores_the_jobs_figures(
         assert summary.nodes[node][1]["cpu_mean"] == pytest.approx(cpu, abs=1e-3)
     assert summary.nodes["n1"][0] == 4
     assert summary.down == ["shard-1"]
+
+
+def test_epilog_run_as_the_job_ends_keeps_its_last_samples(prom: Prom) -> None:
+    """The epilog runs seconds after the last sample, which may be past the span's last
+    whole-minute step: the summary still ends at that sample, as the live report would."""
+    url, job, _ = prom
+    client = PromClient(url, 10)
+    # Seen 10 s after its sample at end - 30 (the scenario's step is 30 s), the job's last
+    # whole-minute step is end - 60.
+    part = gather.find(client, job.job_id, 30 * 86400, job.end - 10)
+    assert part.end == job.end - 30
+    assert gather.find(client, job.job_id, 30 * 86400, job.end + 600).end == job.end
 
 
 def test_epilog_of_a_job_without_gpu_series_stores_nothing(prom: Prom, slurm: Path) -> None:
