@@ -345,7 +345,28 @@ def test_the_job_dashboard_follows_one_job_and_is_linked(dashboards):
         if place.endswith(("variable cluster", "variable job_id")):
             continue  # the choice of cluster and job
         assert 'job_id="${job_id}"' in expr, f"{place} is not restricted to the job"
+    sources = set()
     for place, expr in queries(job, "loki"):
-        assert 'node=~"${job_nodes}"' in expr and "${job_id}" in expr, place
+        assert "${job_id}" in expr, place
+        if 'source="slurmctld"' in expr:  # the controller is not among the job's nodes
+            sources.add("slurmctld")
+        else:
+            assert 'node=~"${job_nodes}"' in expr and 'source="slurmd"' in expr, place
+            sources.add("slurmd")
+        # The line filter as Loki reads it: a Go string literal holding an RE2 regex.
+        pattern = json.loads(re.search(r'\|~ ("(?:[^"\\]|\\.)*")', expr).group(1))
+        names = re.compile(pattern.replace("${job_id}", "123"))
+        for line in (
+            "_slurm_rpc_kill_job: REQUEST_KILL_JOB JobId=123 uid 1000",
+            "sched: Allocate JobId=123 NodeList=gpu01 #CPUs=8",
+            "[123.batch] done with job",
+            "[123.0] task/cgroup: _memcg_initialize: job: alloc=1024MB",
+            "Launching batch job 123 for UID 1000",
+            "cgroup v1: created /slurm/uid_1000/job_123",
+        ):
+            assert names.search(line), (place, line)
+        for line in ("JobId=1234 started", "[1230.batch] done", "job 12 ended"):
+            assert not names.search(line), (place, line)
+    assert sources == {"slurmd", "slurmctld"}
     links = json.dumps(dashboards["slurm-jobs.json"])
     assert links.count("/d/gpufleet-slurm-job/slurm-job?var-job_id=") == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from gpufleet.jobstats.collect import Figures
@@ -76,9 +77,19 @@ def node_stats(place: JobPlace, figures: Figures) -> list[NodeStat]:
     ]
 
 
+def utc(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(ts))
+
+
 def missing_data(place: JobPlace, gpus: list[GpuStat], nodes: list[NodeStat]) -> list[str]:
     """One line per hole in the data: what is missing and why it may be."""
     lines = []
+    if place.earlier_run_end:
+        lines.append(
+            f"the job's series stopped at {utc(place.earlier_run_end)} and came back at "
+            f"{utc(place.start)} (a requeue, or the Slurm exporter was down): the figures "
+            "cover the last run only"
+        )
     for node, count in sorted(place.gpus_allocated.items()):
         known = len(place.gpu_indices.get(node, []))
         if known < count:

@@ -3,7 +3,8 @@
 Job 4242 (alice/physics) held GPUs 0-3 of n1 and 0-1 of n2 for exactly 2 h, ended an hour
 or more ago, with known per-GPU utilization (UTIL; n1:2 and n1:3 idle). Job 4343 (bob/chem)
 runs now on n2's GPUs 2-3. Outside their jobs the GPUs are at 100 %, so a report that reads
-outside the job's span is off by far more than sampling error.
+outside the job's span is off by far more than sampling error. Job 4444 (carol/bio) was
+requeued: its first run held n1:0, its second, after a 10-minute gap, n2:0.
 """
 
 from __future__ import annotations
@@ -37,6 +38,13 @@ def build_jobs(now: float) -> tuple[Job, Job, int]:
     return done, running, hour
 
 
+def requeued_runs(hour: int) -> tuple[Job, Job]:
+    """Job 4444's two runs: n1:0, then (requeued, 10 minutes later) n2:0; both at 100 %."""
+    first = Job("4444", "carol", "bio", "gpu", hour - 3000, hour - 1800, {"n1": [0]})
+    second = Job("4444", "carol", "bio", "gpu", hour - 1200, hour - 600, {"n2": [0]})
+    return first, second
+
+
 def util(job: Job, other: Job, node: str, gpu: int, t: int) -> float:
     if job.running_at(t) and gpu in job.gpus.get(node, []):
         mean, jitter = UTIL[(node, gpu)]
@@ -48,6 +56,7 @@ def util(job: Job, other: Job, node: str, gpu: int, t: int) -> float:
 
 def write_series(path: Path, now: float) -> tuple[Job, Job]:
     job, other, hour = build_jobs(now)
+    requeued = requeued_runs(hour)
     times = list(range(job.start - 3600, int(now) // STEP * STEP + 1, STEP))
     gpus = [(node, gpu) for node in ("n1", "n2") for gpu in range(4)]
     base = {"cluster": "c1", "gpu_model": "H100", "partition": "gpu", "rack": "r1"}
@@ -83,7 +92,7 @@ def write_series(path: Path, now: float) -> tuple[Job, Job]:
             (labels(**base, node=n), lambda t: 512.0 * GIB) for n in CPU
         ],
         "node:cpus:count": [(labels(**base, node=n), lambda t: 64.0) for n in CPU],
-        **job_families([job, other]),
+        **job_families([job, other, *requeued]),
         "slurm_job_gpu:gpu_utilization_percent:max": [
             (
                 labels(
@@ -97,7 +106,7 @@ def write_series(path: Path, now: float) -> tuple[Job, Job]:
                 ),
                 lambda t, j=j, n=n, g=g: util(job, other, n, g, t) if j.running_at(t) else None,
             )
-            for j in (job, other)
+            for j in (job, other, *requeued)
             for n, indices in j.gpus.items()
             for g in indices
         ],

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from jobstats_scenario import CPU, GIB, MEM_USED_GIB, UTIL
+from jobstats_scenario import CPU, GIB, MEM_USED_GIB, UTIL, requeued_runs
 from jobstats_synth import Job, free_port
 
 from gpufleet.cli import main
@@ -77,6 +77,21 @@ def test_running_job(prom: Prom, capsys: pytest.CaptureFixture[str]) -> None:
     assert report["running"] is True
     assert report["verdict"] == "good"
     assert [g["util_mean"] for g in report["gpus"]] == [70.0, 70.0]
+
+
+def test_requeued_job_reports_its_last_run(prom: Prom, capsys: pytest.CaptureFixture[str]) -> None:
+    url, job, _ = prom
+    _, second = requeued_runs(job.end + 3600)
+    code, out, err = run(capsys, "jobstats", second.job_id, "--prometheus", url, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert [(g["node"], g["gpu"]) for g in report["gpus"]] == [("n2", "0")]
+    assert [n["node"] for n in report["nodes"]] == ["n2"]
+    assert report["start"] == pytest.approx(second.start, abs=60)
+    assert report["end"] == second.end
+    assert report["gpus"][0]["util_mean"] == pytest.approx(100.0)
+    [gap] = report["missing"]
+    assert "came back" in gap and "the figures cover the last run only" in gap
 
 
 def test_unknown_job_is_one_line(prom: Prom, capsys: pytest.CaptureFixture[str]) -> None:

@@ -117,11 +117,14 @@ def _nodes() -> list[Panel]:
 
 
 def _logs() -> list[Item]:
-    # slurmd and slurmctld name a job as JobId=N, job N, StepId=N.x or job_N (cgroups).
-    selector = f'{CL}, node=~"${{job_nodes}}", source=~"slurmd|slurmctld"'
-    names = "(?i)(jobid[= ]|job[ _]|stepid=)${job_id}([^0-9]|$)"
-    query = f'{{{selector}}} |~ "{names}"'
-    lines = panels.logs("Slurm daemon lines naming the job", [loki_target(query)], size=(24, 10))
+    # slurmd and slurmctld name a job as JobId=N, job N, StepId=N.x, job_N (cgroups) or, in
+    # slurmstepd's lines, [N.batch] / [N.0]. slurmctld runs on the controller, which is not
+    # among the job's nodes: its lines are a second query.
+    names = "(?i)(jobid[= ]|job[ _]|stepid=|\\\\[)${job_id}([^0-9]|$)"
+    nodes = f'{{{CL}, node=~"${{job_nodes}}", source="slurmd"}} |~ "{names}"'
+    controller = f'{{{CL}, source="slurmctld"}} |~ "{names}"'
+    queries = [loki_target(nodes, "A"), loki_target(controller, "B")]
+    lines = panels.logs("Slurm daemon lines naming the job", queries, size=(24, 10))
     return section("Logs", [lines])
 
 
