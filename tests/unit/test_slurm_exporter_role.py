@@ -202,12 +202,12 @@ def summary_task(name: str) -> dict:
     return task
 
 
-SCONTROL = {"__slurm_exporter_scontrol": {"rc": 0, "stdout": "/opt/slurm/bin/scontrol"}}
+SACCTMGR = {"__slurm_exporter_sacctmgr": {"rc": 0, "stdout": "/opt/slurm/bin/sacctmgr"}}
 
 
 def summary_config(overrides: dict | None = None) -> dict:
     task = summary_task("Write the job summary configuration")
-    values = {**task.get("vars", {}), **SCONTROL, **(overrides or {})}
+    values = {**task.get("vars", {}), **SACCTMGR, **(overrides or {})}
     content = template_value(ROLE, task["ansible.builtin.copy"]["content"], HOST, values)
     return json.loads(content)
 
@@ -224,20 +224,20 @@ def test_the_job_summary_configuration_bounds_the_epilog(tmp_path):
     assert (config.deadline_s, config.slots, config.run_dir) == (60, 4, doc["run_dir"])
 
 
-def test_the_epilog_gets_scontrols_path_and_slurm_conf():
+def test_the_epilog_gets_sacctmgrs_path_and_slurm_conf():
     """slurmctld gives its epilog no PATH and no SLURM_CONF."""
     doc = summary_config({"slurm_exporter_slurm_conf": "/etc/slurm/site.conf"})
-    assert (doc["scontrol"], doc["slurm_conf"]) == (
-        "/opt/slurm/bin/scontrol",
+    assert (doc["sacctmgr"], doc["slurm_conf"]) == (
+        "/opt/slurm/bin/sacctmgr",
         "/etc/slurm/site.conf",
     )
-    look = summary_task("Look for scontrol")
-    assert look["register"] == "__slurm_exporter_scontrol"
+    look = summary_task("Look for sacctmgr")
+    assert look["register"] == "__slurm_exporter_sacctmgr"
     assert "startswith('/')" in look["failed_when"]
     argv = [template_value(ROLE, a, HOST, {"slurm_exporter_slurm_bin_dir": "/opt/slurm/bin"})
             for a in look["ansible.builtin.command"]["argv"]]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    assert done.returncode != 0  # no /opt/slurm/bin/scontrol here: the task fails
+    assert done.returncode != 0  # no /opt/slurm/bin/sacctmgr here: the task fails
 
 
 def test_job_summaries_are_opt_in():

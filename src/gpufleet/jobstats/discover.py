@@ -31,6 +31,9 @@ MAX_GPUS_PER_NODE = 4096
 SAFE_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 SAFE_GPU = re.compile(r"^[0-9]{1,4}$")
 SPAN_STEP_S = 60  # resolution of the start time
+# The span's subquery steps fall on whole minutes: a running or just-ended job's last
+# samples, past the last step, are found at a 1 s step over this many seconds before now.
+LAST_SAMPLES_S = 2 * SPAN_STEP_S
 # Absent this many steps in a row, the job stopped (a requeue, or the exporter was down), as
 # opposed to a missed scrape. Prometheus answers at most 11,000 points per series.
 GAP_STEPS = 3
@@ -125,8 +128,11 @@ def span_of(client: PromClient, selector: str, lookback_s: int, now: float) -> t
     ts = f"timestamp({selector})"
     starts = client.query(f"min(min_over_time({ts}[{lookback_s}s:{coarse}s]))", now)
     ends = client.query(f"max(max_over_time({ts}[{lookback_s}s:{coarse}s]))", now)
+    # The last samples at 1 s: a step may miss one just before its staleness marker.
+    recent = f"max(max_over_time({ts}[{LAST_SAMPLES_S}s:1s]))"
+    ends += client.query(recent, now)
     start = starts[0].value if starts else now
-    end = ends[0].value if ends else now
+    end = max(sample.value for sample in ends) if ends else now
     if coarse > SPAN_STEP_S and starts and ends:
         # The coarse first point is at most one coarse step after the first sample, and the
         # last one at most one before the last sample (a staleness marker may hide it).
@@ -134,7 +140,7 @@ def span_of(client: PromClient, selector: str, lookback_s: int, now: float) -> t
         first = client.query(f"min(min_over_time({ts}{near}))", start)
         last = client.query(f"max(max_over_time({ts}{near}))", min(now, end + coarse))
         start = first[0].value if first else start
-        end = last[0].value if last else end
+        end = max(end, last[0].value) if last else end
     return start, end
 
 

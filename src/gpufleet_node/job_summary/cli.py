@@ -4,10 +4,12 @@ slurmctld runs it as SlurmUser once per finished job, with SLURM_JOB_ID in its
 environment (docs/jobstats.md has the slurm.conf line). It asks every Prometheus
 instance of the configuration (the standalone one, or each shard: a job's nodes may be
 spread over several) for the job's figures, then runs
-``scontrol update job=<id> AdminComment=GF1:...`` (<id>: the array task or het component
-itself, see :func:`scontrol_target`). A job without GPU series (a CPU job)
-gets no summary. Exit status: 0 stored or nothing to store, 1 when Prometheus, scontrol
-or the configuration failed (slurmctld logs it), 2 for invalid arguments.
+``sacctmgr -i update job where jobid=<id> set AdminComment=GF1:...`` (<id>: the array task
+or het component itself, see :func:`accounting_target`). It is slurmdbd's record that
+changes: slurmctld refuses ``scontrol update`` of a job that has finished (24.11: "Job has
+already finished"), as Princeton's jobstats epilog also found. A job without GPU series (a
+CPU job) gets no summary. Exit status: 0 stored or nothing to store, 1 when Prometheus,
+sacctmgr or the configuration failed (slurmctld logs it), 2 for invalid arguments.
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ from gpufleet_node.job_summary.summary import JOB_ID, MAX_TEXT, Summary, Summary
 # slurm.conf names the program without arguments: the role writes the configuration here.
 CONFIG = "/etc/gpufleet/job-summary/config.json"
 MAX_CONFIG = 1024 * 1024
-SCONTROL_TIMEOUT_S = 30
+SACCTMGR_TIMEOUT_S = 30
+# slurmdbd may not hold the job's record yet when the epilog starts: a few tries.
+SACCTMGR_TRIES = 3
+SACCTMGR_RETRY_S = 2.0
 # Margin on SLURM_JOB_START_TIME when it bounds the lookback (series start a scrape late).
 START_MARGIN_S = 600
 T = TypeVar("T")
@@ -57,8 +62,8 @@ class Config:
     password_file: str = ""
     timeout: float = 20.0
     lookback_s: int = 30 * 86400
-    scontrol: str = "scontrol"  # an absolute path: slurmctld gives its epilog no PATH
-    slurm_conf: str = ""  # SLURM_CONF for scontrol (nor that): "" is Slurm's default
+    sacctmgr: str = "sacctmgr"  # an absolute path: slurmctld gives its epilog no PATH
+    slurm_conf: str = ""  # SLURM_CONF for sacctmgr (nor that): "" is Slurm's default
     # slurmctld keeps the job completing until its epilog exits: the whole run is bounded.
     deadline_s: float = 60.0
     # Epilogs running at once on this host (a burst of job ends), each holding a slot file
@@ -92,7 +97,7 @@ def load_config(path: str) -> Config:
         ca_file=_string(document, "ca_file"),
         username=_string(document, "username"),
         password_file=_string(document, "password_file"),
-        scontrol=_string(document, "scontrol", "scontrol") or "scontrol",
+        sacctmgr=_string(document, "sacctmgr", "sacctmgr") or "sacctmgr",
         run_dir=_string(document, "run_dir"),
         slurm_conf=_string(document, "slurm_conf"),
     )
@@ -214,11 +219,11 @@ def summarize(
     return whole, down
 
 
-def scontrol_target(job_id: str, env: Mapping[str, str]) -> str:
-    """The one job ``scontrol update`` must change: ``job=<array job id>`` would update every
-    task of the array still in slurmctld, ``job=<het leader>`` every component, so an array
-    task is named ``<array job id>_<task id>`` and a het component ``<het id>+<offset>``
-    (the variables slurmctld sets for its epilog)."""
+def accounting_target(job_id: str, env: Mapping[str, str]) -> str:
+    """The one job record to change: ``jobid=<array job id>`` would name every task of the
+    array, ``jobid=<het leader>`` every component, so an array task is named
+    ``<array job id>_<task id>`` and a het component ``<het id>+<offset>`` (the variables
+    slurmctld sets for its epilog)."""
     array, task = env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", "")
     if JOB_ID.fullmatch(array) and JOB_ID.fullmatch(task):
         return f"{array}_{task}"
@@ -229,19 +234,31 @@ def scontrol_target(job_id: str, env: Mapping[str, str]) -> str:
 
 
 def store(config: Config, job_id: str, text: str) -> None:
-    argv = [config.scontrol, "update", f"job={job_id}", f"AdminComment={text}"]
+    argv = [config.sacctmgr, "-i", "update", "job", "where", f"jobid={job_id}", "set"]
+    argv.append(f"AdminComment={text}")
     env = dict(os.environ)
     if config.slurm_conf:
         env["SLURM_CONF"] = config.slurm_conf
-    try:
-        done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_S, check=False, env=env
-        )
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise ConfigError(f"{config.scontrol}: {one_line(str(err))}") from err
-    if done.returncode != 0:
+    for attempt in range(SACCTMGR_TRIES):
+        try:
+            done = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=SACCTMGR_TIMEOUT_S,
+                check=False,
+                env=env,
+            )
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise ConfigError(f"{config.sacctmgr}: {one_line(str(err))}") from err
         said = one_line(done.stderr or done.stdout or "")
-        raise ConfigError(f"scontrol update job={job_id} failed ({done.returncode}): {said}")
+        if done.returncode != 0:
+            raise ConfigError(f"sacctmgr update job {job_id} failed ({done.returncode}): {said}")
+        if "nothing modified" not in done.stdout.lower():
+            return
+        if attempt + 1 < SACCTMGR_TRIES:
+            time.sleep(SACCTMGR_RETRY_S)
+    raise ConfigError(f"sacctmgr update job {job_id}: slurmdbd has no record of it ({said})")
 
 
 class NoSlot(Exception):
@@ -350,8 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not JOB_ID.fullmatch(job_id):
             say(f"{job_id[:40]!r} is not a job id")
             return 2
-        # The series carry the job's own id; scontrol must name this task/component only.
-        target = job_id if args.job_id is not None else scontrol_target(job_id, os.environ)
+        # The series carry the job's own id; sacctmgr must name this task/component only.
+        target = job_id if args.job_id is not None else accounting_target(job_id, os.environ)
         return bounded(config, job_id, target, args.print)
     except (ConfigError, SummaryError, PromError) as err:
         say(str(err))

@@ -22,6 +22,10 @@ from gpufleet_node.job_summary.summary import (
 )
 
 SPAN_STEP_S = 60
+# The span's subquery steps fall on whole minutes, so right after a job ends (when the
+# epilog runs) its last samples are past the last step: they are found at a 1 s step over
+# this many seconds before now.
+LAST_SAMPLES_S = 2 * SPAN_STEP_S
 GPU_FIGURES = {
     "util_mean": ("avg_over_time", "gpu:utilization_percent:max"),
     "util_max": ("max_over_time", "gpu:utilization_percent:max"),
@@ -62,8 +66,10 @@ def find(client: PromClient, job_id: str, lookback_s: int, now: float) -> Summar
     ts = f"timestamp({selector})[{lookback_s}s:{SPAN_STEP_S}s]"
     starts = client.query(f"min(min_over_time({ts}))", now)
     ends = client.query(f"max(max_over_time({ts}))", now)
+    recent = f"timestamp({selector})[{LAST_SAMPLES_S}s:1s]"
+    ends += client.query(f"max(max_over_time({recent}))", now)
     part.start = starts[0][1] if starts else now
-    part.end = ends[0][1] if ends else now
+    part.end = max(value for _, value in ends) if ends else now
     return part
 
 

@@ -1,5 +1,5 @@
 """Job summaries that outlive retention: the format, the slurmctld epilog against a real
-Prometheus and a fake scontrol, and ``gpufleet jobstats`` reading them back."""
+Prometheus and a fake sacctmgr, and ``gpufleet jobstats`` reading them back."""
 
 from __future__ import annotations
 
@@ -212,10 +212,10 @@ def fake(bin_dir: Path, name: str, script: str) -> None:
 
 @pytest.fixture()
 def slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A bin directory on PATH with an scontrol that records its arguments."""
+    """A bin directory on PATH with a sacctmgr that records its arguments."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    fake(bin_dir, "scontrol", f'printf "%s\\n" "$@" > "{tmp_path}/scontrol.args"')
+    fake(bin_dir, "sacctmgr", f'printf "%s\\n" "$@" > "{tmp_path}/sacctmgr.args"')
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return tmp_path
 
@@ -229,10 +229,10 @@ def config(tmp_path: Path, *urls: str, **extra: object) -> str:
 
 
 def stored_comment(work: Path, job_id: str, target: str | None = None) -> str:
-    args = (work / "scontrol.args").read_text(encoding="utf-8").splitlines()
-    assert args[:2] == ["update", f"job={target or job_id}"]
-    assert args[2].startswith("AdminComment=") and len(args) == 3
-    return args[2].removeprefix("AdminComment=")
+    args = (work / "sacctmgr.args").read_text(encoding="utf-8").splitlines()
+    assert args[:6] == ["-i", "update", "job", "where", f"jobid={target or job_id}", "set"]
+    assert args[6].startswith("AdminComment=") and len(args) == 7
+    return args[6].removeprefix("AdminComment=")
 
 
 def test_epilog_stores_the_jobs_figures(
@@ -257,26 +257,59 @@ def test_epilog_stores_the_jobs_figures(
     assert summary.down == ["shard-1"]
 
 
+def test_epilog_run_as_the_job_ends_keeps_its_last_samples(prom: Prom) -> None:
+    """The epilog runs seconds after the last sample, which may be past the span's last
+    whole-minute step: the summary still ends at that sample, as the live report would."""
+    url, job, _ = prom
+    client = PromClient(url, 10)
+    # Seen 10 s after its sample at end - 30 (the scenario's step is 30 s), the job's last
+    # whole-minute step is end - 60.
+    part = gather.find(client, job.job_id, 30 * 86400, job.end - 10)
+    assert part.end == job.end - 30
+    assert gather.find(client, job.job_id, 30 * 86400, job.end + 600).end == job.end
+
+
 def test_epilog_of_a_job_without_gpu_series_stores_nothing(prom: Prom, slurm: Path) -> None:
     url, _, _ = prom
     assert epilog.main(["--config", config(slurm, url), "--job-id", "999999"]) == 0
-    assert not (slurm / "scontrol.args").exists()
+    assert not (slurm / "sacctmgr.args").exists()
 
 
 def test_epilog_with_prometheus_down_fails(slurm: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = config(slurm, f"http://127.0.0.1:{free_port()}")
     assert epilog.main(["--config", cfg, "--job-id", "4242"]) == 1
-    assert not (slurm / "scontrol.args").exists()
+    assert not (slurm / "sacctmgr.args").exists()
     assert capsys.readouterr().err.count("\n") == 1
 
 
-def test_epilog_reports_a_failed_scontrol(
+def test_epilog_reports_a_failed_sacctmgr(
     prom: Prom, slurm: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url, job, _ = prom
-    fake(slurm / "bin", "scontrol", 'echo "Invalid job id specified" >&2; exit 1')
+    fake(slurm / "bin", "sacctmgr", 'echo "Problem talking to the database" >&2; exit 1')
     assert epilog.main(["--config", config(slurm, url), "--job-id", job.job_id]) == 1
-    assert "Invalid job id specified" in capsys.readouterr().err
+    assert "Problem talking to the database" in capsys.readouterr().err
+
+
+def test_epilog_retries_until_slurmdbd_has_the_job(
+    prom: Prom, slurm: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """slurmdbd may get the job's record after the epilog starts: sacctmgr then modifies
+    nothing (exit 0); the epilog tries again, and says so when it never appears."""
+    url, job, _ = prom
+    monkeypatch.setattr(epilog, "SACCTMGR_RETRY_S", 0.01)
+    tries = slurm / "tries"
+    fake(
+        slurm / "bin",
+        "sacctmgr",
+        f'echo x >> "{tries}"; [ "$(wc -l < "{tries}")" -ge 2 ] && echo " Modified job" '
+        '|| echo " Nothing modified"',
+    )
+    assert epilog.main(["--config", config(slurm, url), "--job-id", job.job_id]) == 0
+    assert tries.read_text(encoding="utf-8").count("x") == 2
+    fake(slurm / "bin", "sacctmgr", 'echo " Nothing modified"')
+    assert epilog.main(["--config", config(slurm, url), "--job-id", job.job_id]) == 1
+    assert "slurmdbd has no record of it" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -294,7 +327,7 @@ def test_epilog_updates_only_the_array_task_or_het_component(
     env: dict[str, str],
     target: str | None,
 ) -> None:
-    """job=<array job id> would overwrite every task's AdminComment still in slurmctld."""
+    """jobid=<array job id> would overwrite every task's AdminComment."""
     url, job, _ = prom
     monkeypatch.setenv("SLURM_JOB_ID", job.job_id)
     for name, value in env.items():
@@ -321,15 +354,15 @@ def test_a_shard_failing_mid_run_loses_its_part_only(
     assert summary.down == ["shard-1"] and summary.nodes and summary.gpus
 
 
-def test_scontrol_gets_the_configured_slurm_conf(
+def test_sacctmgr_gets_the_configured_slurm_conf(
     prom: Prom, slurm: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """slurmctld gives its epilog no SLURM_CONF: a site's slurm.conf comes from the config."""
     url, job, _ = prom
-    fake(slurm / "bin", "scontrol", f'echo "$SLURM_CONF" > "{slurm}/conf"')
+    fake(slurm / "bin", "sacctmgr", f'echo "$SLURM_CONF" > "{slurm}/conf"')
     monkeypatch.delenv("SLURM_CONF", raising=False)
     cfg = config(
-        slurm, url, slurm_conf="/etc/slurm/site.conf", scontrol=str(slurm / "bin/scontrol")
+        slurm, url, slurm_conf="/etc/slurm/site.conf", sacctmgr=str(slurm / "bin/sacctmgr")
     )
     monkeypatch.setenv("PATH", "/nonexistent")
     assert epilog.main(["--config", cfg, "--job-id", job.job_id]) == 0
@@ -417,7 +450,7 @@ def test_the_epilog_skips_when_every_slot_is_taken(
     with open(slurm / "slot-0", "ab") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         assert epilog.main(["--config", cfg, "--job-id", job.job_id]) == 1
-    assert not (slurm / "scontrol.args").exists()
+    assert not (slurm / "sacctmgr.args").exists()
     err = capsys.readouterr().err
     assert "1 job summaries already running" in err and err.count("\n") == 1
     # The slot free again: the summary is stored.

@@ -10,6 +10,8 @@ from jobstats_scenario import CPU, GIB, MEM_USED_GIB, SITE_THRESHOLD, UTIL, requ
 from jobstats_synth import Job, free_port, prometheus
 
 from gpufleet.cli import main
+from gpufleet.jobstats.discover import find_job
+from gpufleet.jobstats.promapi import PromClient
 
 Prom = tuple[str, Job, Job]
 
@@ -50,6 +52,14 @@ def test_job_report_matches_the_known_load(prom: Prom, capsys: pytest.CaptureFix
     assert "n1: GPUs 2-3 stayed under 10 % utilization for the whole run" in report["advice"]
     assert "request 4 GPUs instead of 6" in report["advice"]
     assert report["missing"] == []
+
+
+def test_the_span_ends_at_the_last_sample_between_whole_minutes(prom: Prom) -> None:
+    """Seen 10 s after its sample at end - 30 (the scenario's step is 30 s), the job's last
+    whole-minute step is end - 60: its span still ends at the last sample (a running job,
+    or one that just ended, as when the epilog stores its summary)."""
+    url, job, _ = prom
+    assert find_job(PromClient(url), job.job_id, 30 * 86400, job.end - 10).end == job.end - 30
 
 
 def test_text_report_has_bars_and_advice(prom: Prom, capsys: pytest.CaptureFixture[str]) -> None:
