@@ -162,10 +162,11 @@ def test_idle_job_alerts_its_owner_once_and_the_admins_in_one_digest(ctl, jobs):
     ctl.run("sleep 10")
     mails, digests = delivered() or ([], [])
     assert [mail["rcpt"] for mail in mails] == [["<bob@example.org>"]], mails
-    # Subject: [FIRING:1] <group labels by name: alertname cluster job_id user> (...)
+    # Subject: [FIRING:1] <group labels by name: alertname cluster user> (<the alerts' other
+    # common labels by name: account job_id node partition severity>): one mail per user.
     subject = re.search(r"^Subject: (.*(?:\n[ \t].*)*)", mails[0]["data"], re.MULTILINE)
     assert subject, mails[0]["data"][:2000]
-    assert re.search(rf"SlurmJobGpuIdle\s+slurmlab\s+{idle}\s+bob\b", subject.group(1))
+    assert re.search(rf"SlurmJobGpuIdle\s+slurmlab\s+bob\s+\(chem\s+{idle}\s", subject.group(1))
     (digest,) = digests
     payload = digest["payload"]
     assert payload["groupLabels"] == {"alertname": "SlurmJobGpuIdle", "cluster": "slurmlab"}
