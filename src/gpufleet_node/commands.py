@@ -19,6 +19,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 LOG = logging.getLogger(__name__)
+# A library's logger: the node programs log it where they log; a command that sets up
+# no logging (gpufleet jobstats) says its errors itself, once, not through Python's
+# last-resort handler too.
+LOG.addHandler(logging.NullHandler())
 
 DEFAULT_MAX_OUTPUT = 256 * 1024 * 1024  # bytes of stdout kept; more kills the command
 MAX_STDERR = 64 * 1024  # bytes of stderr kept for the log; the rest is read and dropped

@@ -10,13 +10,10 @@ AdminComment): decoding is bounded and checked; every failure is one line.
 from __future__ import annotations
 
 import shutil
-import subprocess
-import tempfile
-import threading
-from typing import IO, cast
 
 from gpufleet.jobstats.collect import Figures
 from gpufleet.jobstats.discover import JobPlace
+from gpufleet_node.commands import run_command
 from gpufleet_node.job_summary.summary import MAX_ENCODED, PREFIX, Summary, SummaryError, decode
 
 SACCT_TIMEOUT_S = 60
@@ -67,44 +64,20 @@ def from_sacct(job_id: str) -> Summary:
 
 
 def _sacct_rows(argv: list[str]) -> list[tuple[str, str]]:
-    """sacct's (first field, rest) rows, read as they come with SACCT_MAX_OUTPUT bytes at
-    most in memory (sacct is killed past it or after SACCT_TIMEOUT_S)."""
+    """sacct's (first field, rest) rows; sacct is killed past SACCT_MAX_OUTPUT bytes or
+    SACCT_TIMEOUT_S. A line longer than MAX_READ is no row: a summary is shorter."""
     job = argv[2]
-    with tempfile.TemporaryFile() as errors:
-        try:
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors)
-        except OSError as err:
-            raise NoSummary(f"job {job}: sacct: {err}") from err
-        timer = threading.Timer(SACCT_TIMEOUT_S, proc.kill)
-        timer.start()
-        rows: list[tuple[str, str]] = []
-        size, whole, too_much = 0, True, False
-        stdout = cast(IO[bytes], proc.stdout)  # stdout=PIPE: never None
-        try:
-            while True:
-                line = stdout.readline(MAX_READ + 1)
-                if not line:
-                    break
-                size += len(line)
-                if size > SACCT_MAX_OUTPUT:
-                    too_much = True
-                    proc.kill()
-                    break
-                # A piece of a line longer than MAX_READ is no row (nor is what follows it).
-                starts_row, whole = whole, line.endswith(b"\n")
-                if starts_row and whole:
-                    raw, _, comment = line.decode("utf-8", "replace").rstrip("\n").partition("|")
-                    rows.append((raw, comment))
-        finally:
-            timer.cancel()
-            stdout.close()
-            code = proc.wait()
-        if too_much:
-            raise NoSummary(f"job {job}: sacct printed more than {SACCT_MAX_OUTPUT} bytes")
-        if code != 0:
-            errors.seek(0)
-            said = " ".join(errors.read(4096).decode("utf-8", "replace").split())[:200]
-            raise NoSummary(f"job {job}: sacct failed ({code}): {said or 'killed'}")
+    done = run_command(argv, SACCT_TIMEOUT_S, max_output=SACCT_MAX_OUTPUT)
+    if done.error == "output_limit":
+        raise NoSummary(f"job {job}: sacct printed more than {SACCT_MAX_OUTPUT} bytes")
+    if done.error is not None:
+        said = " ".join(done.stderr.split())[:200] or done.error
+        raise NoSummary(f"job {job}: sacct failed ({done.returncode}): {said}")
+    rows = []
+    for line in done.stdout.splitlines():
+        if len(line) <= MAX_READ:
+            raw, _, comment = line.partition("|")
+            rows.append((raw, comment))
     return rows
 
 

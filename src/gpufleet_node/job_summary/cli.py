@@ -22,7 +22,6 @@ import json
 import math
 import os
 import signal
-import subprocess
 import sys
 import syslog
 import threading
@@ -32,6 +31,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import IO, Any, Callable, TypeVar
 
+from gpufleet_node.commands import run_command
 from gpufleet_node.job_summary import gather
 from gpufleet_node.job_summary.prom import PromClient, PromError, one_line
 from gpufleet_node.job_summary.summary import JOB_ID, MAX_TEXT, Summary, SummaryError, encode
@@ -42,6 +42,7 @@ MAX_CONFIG = 1024 * 1024
 SACCTMGR_TIMEOUT_S = 30
 # slurmdbd may not hold the job's record yet when the epilog starts: a few tries.
 SACCTMGR_TRIES = 3
+SACCTMGR_MAX_OUTPUT = 64 * 1024  # its answer is a line or two; more is not sacctmgr's
 SACCTMGR_RETRY_S = 2.0
 # Margin on SLURM_JOB_START_TIME when it bounds the lookback (series start a scrape late).
 START_MARGIN_S = 600
@@ -240,19 +241,11 @@ def store(config: Config, job_id: str, text: str) -> None:
     if config.slurm_conf:
         env["SLURM_CONF"] = config.slurm_conf
     for attempt in range(SACCTMGR_TRIES):
-        try:
-            done = subprocess.run(
-                argv,
-                capture_output=True,
-                text=True,
-                timeout=SACCTMGR_TIMEOUT_S,
-                check=False,
-                env=env,
-            )
-        except (OSError, subprocess.TimeoutExpired) as err:
-            raise ConfigError(f"{config.sacctmgr}: {one_line(str(err))}") from err
-        said = one_line(done.stderr or done.stdout or "")
-        if done.returncode != 0:
+        done = run_command(argv, SACCTMGR_TIMEOUT_S, env=env, max_output=SACCTMGR_MAX_OUTPUT)
+        said = one_line(done.stderr or done.stdout or done.error or "")
+        if done.error in ("not_found", "exec_error", "timeout", "output_limit"):
+            raise ConfigError(f"{config.sacctmgr}: {done.error.replace('_', ' ')}: {said}")
+        if done.error is not None:
             raise ConfigError(f"sacctmgr update job {job_id} failed ({done.returncode}): {said}")
         if "nothing modified" not in done.stdout.lower():
             return

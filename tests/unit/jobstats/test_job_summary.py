@@ -659,6 +659,26 @@ def test_jobstats_bounds_what_it_reads_of_sacct(
     assert time.monotonic() - started < 20
 
 
+def test_a_failing_sacct_is_one_line_from_the_command(tmp_path: Path) -> None:
+    """The bounded runner logs a failed command; the jobstats command says it once."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake(bin_dir, "sacct", 'echo "sacct: error: Problem talking to the database" >&2; exit 1')
+    code = "import sys; from gpufleet.cli import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run(
+        [sys.executable, "-c", code, "jobstats", "77", "--prometheus", "http://127.0.0.1:9"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"},
+    )
+    assert done.returncode == 3 and done.stdout == "", done
+    assert done.stderr.count("\n") == 1 and "Problem talking to the database" in done.stderr, (
+        done.stderr
+    )
+
+
 def test_jobstats_without_summary_or_sacct_names_both(
     prom: Prom, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
