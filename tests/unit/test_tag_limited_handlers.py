@@ -73,3 +73,20 @@ def test_a_missing_unit_is_neither_restarted_nor_reloaded(role):
         present = {f"__{role}_unit_present": {"stat": {"exists": True}}}
         if action["ansible.builtin.systemd_service"]["state"] == "restarted":
             assert runs(role, action, present) is True, action["name"]
+
+
+def role_main(role: str) -> list[dict]:
+    return yaml.safe_load((ROLES / role / "tasks" / "main.yml").read_text())
+
+
+@pytest.mark.parametrize(
+    "role", sorted(p.name for p in ROLES.iterdir() if (p / "tasks" / "preflight.yml").is_file())
+)
+def test_a_configure_run_checks_its_settings_first(role: str) -> None:
+    """`--tags <role>_configure` writes the role's configuration: the checks of the
+    settings it writes run first, not only in a whole-role run."""
+    steps = role_main(role)
+    tags = [set(step.get("tags", [])) for step in steps]
+    assert any(f"{role}_configure" in t for t in tags), f"{role}: no {role}_configure step"
+    preflight = [t for step, t in zip(steps, tags) if step.get("name") == "Preflight"]
+    assert preflight and f"{role}_configure" in preflight[0], (role, preflight)
