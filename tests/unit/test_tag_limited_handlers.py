@@ -88,5 +88,5 @@ def test_a_configure_run_checks_its_settings_first(role: str) -> None:
     steps = role_main(role)
     tags = [set(step.get("tags", [])) for step in steps]
     assert any(f"{role}_configure" in t for t in tags), f"{role}: no {role}_configure step"
-    preflight = [t for step, t in zip(steps, tags) if step.get("name") == "Preflight"]
+    preflight = [t for step, t in zip(steps, tags, strict=True) if step.get("name") == "Preflight"]
     assert preflight and f"{role}_configure" in preflight[0], (role, preflight)

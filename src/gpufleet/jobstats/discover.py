@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpufleet.jobstats.promapi import PromClient
+from gpufleet_node.job_summary.summary import JobIdentity
 
 # Slurm job ids as the exporter labels them: the numeric JobId (an array task or a
 # heterogeneous component has one of its own).
@@ -42,16 +43,9 @@ MAX_SUBQUERY_POINTS = 20_000  # under VictoriaMetrics' 30,000 per series
 
 
 @dataclass
-class JobPlace:
+class JobPlace(JobIdentity):
     """What one Prometheus knows about a job (a shard knows the job's nodes it scrapes)."""
 
-    job_id: str
-    user: str = ""
-    account: str = ""
-    partition: str = ""
-    cluster: str = ""
-    start: float = 0.0
-    end: float = 0.0
     gpus_allocated: dict[str, int] = field(default_factory=dict)  # node -> GPUs
     gpu_indices: dict[str, list[str]] = field(default_factory=dict)  # node -> ["0", "1"]
     earlier_run_end: float = 0.0  # the last sample before a gap (a requeue); 0: no gap

@@ -16,16 +16,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-# A job report's answers are a sample per GPU or node: far below this.
-MAX_BODY = 8 * 1024 * 1024
-CHUNK = 64 * 1024
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is an error: urllib would resend the basic-auth header to its target."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
+# The node package's epilog asks the same API: one way to read an answer, bounded.
+from gpufleet_node.job_summary.prom import NoRedirect, one_line, read_until
 
 
 class PromError(Exception):
@@ -79,12 +71,12 @@ class PromClient:
             token = base64.b64encode(f"{self.username}:{self.password or ''}".encode()).decode()
             request.add_header("Authorization", f"Basic {token}")
         opener = urllib.request.build_opener(
-            _NoRedirect(), urllib.request.HTTPSHandler(context=self._context())
+            NoRedirect(), urllib.request.HTTPSHandler(context=self._context())
         )
         deadline = time.monotonic() + self.timeout
         try:
             with opener.open(request, timeout=self.timeout) as response:
-                body = _read_until(response, deadline)
+                body = read_until(response, deadline)
         except urllib.error.HTTPError as err:
             reason = one_line(str(err.reason), 80)
             raise PromError(f"{self.url}: HTTP {err.code} {reason}{_api_error(err)}") from err
@@ -121,28 +113,6 @@ class PromClient:
             ]
         except (KeyError, TypeError, ValueError) as err:
             raise PromError(f"{self.url}: malformed range result") from err
-
-
-def one_line(text: str, limit: int = 300) -> str:
-    """A server's text for a one-line message: no control characters, bounded."""
-    flat = " ".join(text.split())
-    return "".join(ch if ch.isprintable() else "?" for ch in flat)[:limit]
-
-
-def _read_until(response: Any, deadline: float) -> bytes:
-    """The body, at most MAX_BODY + 1 bytes, read before the deadline (the socket timeout
-    bounds one read only: a server dripping bytes would hold a query forever)."""
-    parts: list[bytes] = []
-    size = 0
-    while size <= MAX_BODY:
-        if time.monotonic() > deadline:
-            raise TimeoutError("the answer took longer than the timeout")
-        part = response.read(min(CHUNK, MAX_BODY + 1 - size))
-        if not part:
-            break
-        parts.append(part)
-        size += len(part)
-    return b"".join(parts)
 
 
 def _api_error(err: urllib.error.HTTPError) -> str:

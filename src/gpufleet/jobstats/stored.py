@@ -10,11 +10,19 @@ AdminComment): decoding is bounded and checked; every failure is one line.
 from __future__ import annotations
 
 import shutil
+from dataclasses import fields
 
 from gpufleet.jobstats.collect import Figures
 from gpufleet.jobstats.discover import JobPlace
 from gpufleet_node.commands import run_command
-from gpufleet_node.job_summary.summary import MAX_ENCODED, PREFIX, Summary, SummaryError, decode
+from gpufleet_node.job_summary.summary import (
+    MAX_ENCODED,
+    PREFIX,
+    JobIdentity,
+    Summary,
+    SummaryError,
+    decode,
+)
 
 SACCT_TIMEOUT_S = 60
 MAX_READ = MAX_ENCODED + 4096  # the summary and a line or two of anything else
@@ -86,14 +94,9 @@ def place_and_figures(summary: Summary) -> tuple[JobPlace, Figures]:
     indices: dict[str, list[str]] = {}
     for node, gpu in summary.gpus:
         indices.setdefault(node, []).append(gpu)
+    identity = {item.name: getattr(summary, item.name) for item in fields(JobIdentity)}
     place = JobPlace(
-        job_id=summary.job_id,
-        user=summary.user,
-        account=summary.account,
-        partition=summary.partition,
-        cluster=summary.cluster,
-        start=summary.start,
-        end=summary.end,
+        **identity,
         gpus_allocated={node: count for node, (count, _) in summary.nodes.items()},
         gpu_indices={node: sorted(gpus, key=int) for node, gpus in indices.items()},
     )

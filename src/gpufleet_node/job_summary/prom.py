@@ -28,7 +28,7 @@ class PromError(Exception):
     """A query that gave no usable answer; the message is one line."""
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
+class NoRedirect(urllib.request.HTTPRedirectHandler):
     """A redirect is an error: urllib would resend the basic-auth header to its target."""
 
     def redirect_request(self, *args: Any, **kwargs: Any) -> None:
@@ -36,6 +36,7 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 
 
 def one_line(text: str, limit: int = 200) -> str:
+    """A server's text for a one-line message: no control characters, bounded."""
     flat = " ".join(text.split())
     return "".join(ch if ch.isprintable() else "?" for ch in flat)[:limit]
 
@@ -55,7 +56,7 @@ class PromClient:
         self.url = self.url.rstrip("/")
 
     def _opener(self) -> urllib.request.OpenerDirector:
-        handlers: list[urllib.request.BaseHandler] = [_NoRedirect()]
+        handlers: list[urllib.request.BaseHandler] = [NoRedirect()]
         if self.url.startswith("https://"):
             try:
                 context = ssl.create_default_context(cafile=self.ca_file or None)
@@ -77,7 +78,7 @@ class PromClient:
         deadline = time.monotonic() + self.timeout
         try:
             with self._opener().open(request, timeout=self.timeout) as response:
-                body = _read_until(response, deadline)
+                body = read_until(response, deadline)
         except urllib.error.HTTPError as err:
             raise PromError(f"{self.url}: HTTP {err.code} {one_line(str(err.reason), 80)}") from err
         except urllib.error.URLError as err:
@@ -87,7 +88,9 @@ class PromClient:
         return _vector(self.url, body)
 
 
-def _read_until(response: Any, deadline: float) -> bytes:
+def read_until(response: Any, deadline: float) -> bytes:
+    """The body, read before the deadline (the socket timeout bounds one read only: a
+    server dripping bytes would hold a query forever); OSError past MAX_BODY bytes."""
     parts: list[bytes] = []
     size = 0
     while size <= MAX_BODY:

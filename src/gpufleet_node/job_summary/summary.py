@@ -84,7 +84,9 @@ class SummaryError(ValueError):
 
 
 @dataclass
-class Summary:
+class JobIdentity:
+    """Whose job it was, where and when: what a live report's job and a summary share."""
+
     job_id: str
     user: str = ""
     account: str = ""
@@ -92,6 +94,10 @@ class Summary:
     cluster: str = ""
     start: float = 0.0
     end: float = 0.0
+
+
+@dataclass
+class Summary(JobIdentity):
     nodes: dict[str, tuple[int, Values]] = field(default_factory=dict)  # node -> (GPUs, figures)
     gpus: dict[tuple[str, str], Values] = field(default_factory=dict)  # (node, gpu) -> figures
     dropped: int = 0

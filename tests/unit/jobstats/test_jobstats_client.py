@@ -212,13 +212,13 @@ def test_a_dripping_answer_is_cut_at_the_deadline() -> None:
     from gpufleet.jobstats import promapi
 
     class Drip:
-        def read(self, size: int) -> bytes:
+        def read1(self, size: int) -> bytes:
             time.sleep(0.05)
             return b"x"
 
     start = time.monotonic()
     with pytest.raises(TimeoutError):
-        promapi._read_until(Drip(), start + 0.3)
+        promapi.read_until(Drip(), start + 0.3)
     assert time.monotonic() - start < 2
 
 
