@@ -3,13 +3,17 @@
 --since 7d` against a real Prometheus holding a synthetic week of a GPU cluster.
 
     .venv/bin/python bench/jobstats_bench.py [--nodes 1000] [--gpus 8] [--days 7]
-                                             [--interval 60] [--workdir DIR]
+                                             [--interval 300] [--workdir DIR]
 
 The TSDB holds what a shard (or standalone Prometheus) of that cluster would hold for the
 series jobstats reads: the recorded gpu:* and node:* rollups of every GPU and node, the
 Slurm exporter's per-job series of a job mix (whole-node jobs of 2-24 h back to back, a
 third of them with 2 idle GPUs), the per-(job, GPU) utilization rule and the idle GPU-hour
-rules, one sample per --interval. Raw exporter series (node_exporter's and the collector's
+rules, one sample per --interval. The default, 300 s, is coarser than a shard's (rules
+every 15 s): 1,000 nodes x 8 GPUs is about 53,000 series, 107 M samples a week at 300 s
+(534 M at 60 s, which promtool cannot backfill on a 2-core machine in under an hour); it
+matches the 5-minute step of `report idle --threshold`, and a query reads 1/20 of the
+samples it would on a real shard. Raw exporter series (node_exporter's and the collector's
 own) are left out: jobstats never reads them, they would only grow the index. It is
 written as one OpenMetrics file per UTC day and backfilled with sid's `promtool tsdb
 create-blocks-from openmetrics`, then served by sid's prometheus on loopback (both
@@ -17,13 +21,17 @@ downloaded by apt and unpacked like the unit tests do, tests/unit/sid_deb.py).
 
 Prints the generation and backfill times, then for each command the median wall time of
 3 runs (a fresh `python -m gpufleet` process each, as a user runs it) and Prometheus' query
-stats (stats=all: samples read, time spent in Prometheus). Target: under 2 s for the job
-report. Not run by CI; it needs several GiB of disk at full size.
+stats (stats=all: samples read, time spent in Prometheus). `report idle --threshold` is
+also timed in its previous shape (one subquery by user and another by account, both over
+every per-GPU series) against the current one (one by user and account). Target: under
+2 s for the job report. Not run by CI; it needs several GiB of disk at full size.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import random
 import re
 import shutil
@@ -39,6 +47,9 @@ sys.path[:0] = [str(REPO / "tests" / "unit"), str(REPO / "tests" / "unit" / "job
 
 import sid_deb  # noqa: E402
 from jobstats_synth import backfill, labels, prometheus  # noqa: E402
+
+from gpufleet.jobstats.idle import STEP_MIN  # noqa: E402
+from gpufleet.jobstats.promapi import PromClient  # noqa: E402
 
 GIB = 1024**3
 BIG_JOB = "9000001"
@@ -222,12 +233,43 @@ def timed(argv: list[str], runs: int = 3) -> tuple[float, str, str]:
     return statistics.median(walls), out, err.strip()
 
 
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
+def previous_threshold_shape(url: str, since_s: int, threshold: float) -> None:
+    """`report idle --threshold` as it was before one query answered both keys: a query
+    by user, then one by account (the same subquery twice)."""
+    client = PromClient(url, timeout=600.0, want_stats=True)
+    inner = (
+        f"(max_over_time(slurm_job_gpu:gpu_utilization_percent:max[{STEP_MIN}m]) < {threshold:g})"
+    )
+    walls = []
+    for _ in range(3):
+        client.stats.clear()
+        began = time.monotonic()
+        for key in ("user", "account"):
+            client.query(
+                f"sum by ({key}) (count_over_time({inner}[{since_s}s:{STEP_MIN}m]))"
+                f" * {STEP_MIN / 60:.6g}"
+            )
+        walls.append(time.monotonic() - began)
+    samples = sum(s.get("samples", {}).get("totalQueryableSamples", 0) for s in client.stats)
+    inside = sum(s.get("timings", {}).get("execTotalTime", 0.0) for s in client.stats)
+    print(f"\nprevious shape of report idle --threshold {threshold:g} (2 queries, by user and "
+          f"by account): {statistics.median(walls):.2f} s (median of 3, queries only)\n"
+          f"  {samples:,} samples read, {inside:.2f} s in Prometheus (last run)")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--days", type=int, default=7)
-    parser.add_argument("--interval", type=int, default=60, help="seconds between samples")
+    parser.add_argument("--interval", type=int, default=300, help="seconds between samples")
     parser.add_argument("--workdir", help="keep the TSDB here (default: a temporary directory)")
     args = parser.parse_args()
     if args.nodes * args.gpus < BIG_GPUS:
@@ -239,8 +281,12 @@ def main() -> None:
     tsdb = work / "tsdb"
     end = int(time.time()) // args.interval * args.interval
     start = end - args.days * DAY
+    print(
+        f"machine: {os.cpu_count()} CPUs ({cpu_model()}), {platform.system()} "
+        f"{platform.release()}; {binary.parent.parent.parent.name}"
+    )
     print(f"cluster: {args.nodes} nodes x {args.gpus} GPUs, {args.days} days, one sample "
-          f"every {args.interval} s")  # fmt: skip
+          f"every {args.interval} s (synthetic; a shard's rules write every 15 s)")  # fmt: skip
     began = time.monotonic()
     cluster = Cluster(args.nodes, args.gpus, start, end, args.interval)
     samples = generate_s = backfill_s = 0.0
@@ -262,7 +308,7 @@ def main() -> None:
     jobs = sum(len(v) for v in cluster.jobs.values())
     print(f"jobs: {jobs}; the {BIG_GPUS}-GPU job {BIG_JOB} on {len(cluster.big_nodes)} nodes, 24 h")
     with prometheus(binary, tsdb) as url:
-        base = ["--prometheus", url, "--stats"]
+        base = ["--prometheus", url, "--stats", "--timeout", "600"]
         timed(["report", "idle", "--since", "1h", *base], runs=1)  # load the blocks once
         for argv in (
             ["jobstats", BIG_JOB, *base],
@@ -275,6 +321,7 @@ def main() -> None:
                   f"(median of 3)\n  {stats}")  # fmt: skip
             if verdict:
                 print(f"  {verdict.group(0)}")
+        previous_threshold_shape(url, args.days * DAY, 10.0)
         began = time.monotonic()
         unknown = subprocess.run(
             [sys.executable, "-m", "gpufleet", "jobstats", "1", *base],

@@ -18,11 +18,14 @@ Standard library only: it runs before any virtual environment exists.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import os
 import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,6 +90,16 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str:
     return result.stdout
 
 
+@contextlib.contextmanager
+def _suite_lock(suite: str) -> Iterator[None]:
+    """One apt run per suite cache at a time: parallel test workers and scenarios share it."""
+    base = suite_dir(suite)
+    base.mkdir(parents=True, exist_ok=True)
+    with open(base / ".lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
 def update(suite: str) -> None:
     """Refresh the suite's index when it is missing or older than a day."""
     options = apt_options(suite)
@@ -99,6 +112,11 @@ def update(suite: str) -> None:
 
 def version(package: str, suite: str) -> str:
     """The version apt would download for package from suite."""
+    with _suite_lock(suite):
+        return _version(package, suite)
+
+
+def _version(package: str, suite: str) -> str:
     update(suite)
     shown = _run(["apt-cache", *apt_options(suite), "show", "--no-all-versions", package])
     match = re.search(r"(?m)^Version: (\S+)$", shown)
@@ -109,7 +127,12 @@ def version(package: str, suite: str) -> str:
 
 def fetch(package: str, suite: str) -> Path:
     """The suite's current .deb of package, downloaded once and verified by apt."""
-    wanted = version(package, suite)
+    with _suite_lock(suite):
+        return _fetch(package, suite)
+
+
+def _fetch(package: str, suite: str) -> Path:
+    wanted = _version(package, suite)
     debs = suite_dir(suite) / "debs"
     epochless = wanted.split(":", 1)[-1]
     for deb in debs.glob(f"{package}_*.deb"):

@@ -5,11 +5,21 @@ from __future__ import annotations
 import base64
 import hashlib
 import ipaddress
+import os
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import bcrypt
+
+try:
+    from gpufleet.inventory import prometheus_port
+except ImportError:  # running from a checkout without `pip install -e .`
+    sys.path.insert(
+        0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "src")
+    )
+    from gpufleet.inventory import prometheus_port
 
 # bcrypt's own base64 alphabet (not the standard one).
 _BCRYPT_ALPHABET = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
@@ -91,9 +101,7 @@ def _port(value, default: int, host: str) -> int:
 
 def gpufleet_prometheus_port(instance: dict, port_base: int) -> int:
     """standalone and global listen on the base port; shard k on base + 1 + k."""
-    if instance.get("mode") == "shard":
-        return int(port_base) + 1 + int(instance["shard"])
-    return int(port_base)
+    return prometheus_port(instance, port_base)
 
 
 def gpufleet_shard_targets(prometheus_hosts: list[str], hostvars, port_base: int) -> list[dict]:

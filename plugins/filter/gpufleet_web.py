@@ -5,61 +5,23 @@ configuration that the `web_config` role renders from `<service>_tls_cert`,
 `<service>_tls_ca` and `<service>_basic_auth_users`. The clients gpufleet configures (the
 global tier's federation, Prometheus sending alerts, Grafana's datasources) take their
 scheme, CA and login from the same variables of the servers' hosts, so they can never
-disagree with what the servers serve.
+disagree with what the servers serve. gpufleet_web_client is gpufleet.web.web_client,
+which ``gpufleet jobstats`` shares.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Mapping
 
-# The basic auth user gpufleet's own clients log in as (the users a site adds for its
-# people stay theirs).
-CLIENT_USER = "gpufleet"
-
-
-def _settings(host: Mapping, service: str) -> tuple[str, str, str]:
-    """(scheme, CA, gpufleet's password or "") of one host of service."""
-    cert = str(host.get(f"{service}_tls_cert") or "")
-    ca = str(host.get(f"{service}_tls_ca") or "") or cert
-    users = host.get(f"{service}_basic_auth_users") or {}
-    if not isinstance(users, Mapping):
-        raise ValueError(f"{service}_basic_auth_users must be a mapping of user to password")
-    password = str(users.get(CLIENT_USER) or "")
-    if users and not password:
-        raise ValueError(
-            f"{service}_basic_auth_users has no user {CLIENT_USER!r}: gpufleet's own clients "
-            f"(federation, alert delivery, Grafana) log in as {CLIENT_USER!r}; add it"
-        )
-    return ("https" if cert else "http", ca if cert else "", password)
-
-
-def gpufleet_web_client(hostnames: list[str], hostvars: Mapping, service: str) -> dict:
-    """{"scheme", "ca", "username", "password"} for clients of service on hostnames.
-
-    One scrape job or datasource reaches every host of a service with one setting, so
-    the hosts must agree: a host whose scheme, CA or gpufleet password differs from the
-    others' is refused, naming it. "ca" is the PEM that verifies the servers (their
-    `<service>_tls_ca`, or the certificate itself when it is self-signed and no CA is
-    given); "username" and "password" are empty when the servers ask for no login.
-    """
-    names = sorted(set(hostnames or []))
-    if not names:
-        return {"scheme": "http", "ca": "", "username": "", "password": ""}
-    first = _settings(hostvars[names[0]], service)
-    for name in names[1:]:
-        if _settings(hostvars[name], service) != first:
-            raise ValueError(
-                f"{name}: {service}_tls_cert/_tls_ca/_basic_auth_users give another scheme, CA or "
-                f"{CLIENT_USER!r} password than {names[0]}; every {service} host must share them "
-                "(one scrape job or datasource reaches them all)"
-            )
-    scheme, ca, password = first
-    return {
-        "scheme": scheme,
-        "ca": ca,
-        "username": CLIENT_USER if password else "",
-        "password": password,
-    }
+try:
+    from gpufleet.web import web_client as gpufleet_web_client
+except ImportError:  # running from a checkout without `pip install -e .`
+    sys.path.insert(
+        0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "src")
+    )
+    from gpufleet.web import web_client as gpufleet_web_client
 
 
 def gpufleet_web_ca(hostnames: list[str], hostvars: Mapping, service: str) -> str:

@@ -3,7 +3,7 @@
     gpufleet plan INVENTORY [--shards N] [--lock FILE] [--json]
     gpufleet plan --write-lock INVENTORY [--lock FILE] [--json]
     gpufleet plan --diff OLD NEW [--shards N] [--lock FILE] [--json]
-    gpufleet jobstats JOBID (--prometheus URL | -i INVENTORY) [--json]
+    gpufleet jobstats JOBID [--prometheus URL | -i INVENTORY | --summary FILE] [--json]
     gpufleet report idle --since 7d [--threshold 5] (--prometheus URL | -i INVENTORY) [--json]
 
 INVENTORY, OLD and NEW are node list files or inventory directories holding one. The

@@ -78,6 +78,21 @@ def plan_shards(node_list: NodeList) -> dict[str, int]:
         raise NodeListError(node_list.file, "monitoring.pin", str(err)) from err
 
 
+PROMETHEUS_PORT_BASE = 9090  # the prometheus role's prometheus_port_base default
+
+
+def prometheus_port(instance: Mapping[str, Any], port_base: int = PROMETHEUS_PORT_BASE) -> int:
+    """The port of one instance of :func:`prometheus_instances`.
+
+    The standalone and global instances listen on the base port, shard k on base + 1 + k:
+    the prometheus role (filter gpufleet_prometheus_port) and ``gpufleet jobstats`` both
+    ask here.
+    """
+    if instance.get("mode") == "shard":
+        return int(port_base) + 1 + int(instance["shard"])
+    return int(port_base)
+
+
 def prometheus_instances(monitoring: Monitoring) -> dict[str, list[dict[str, Any]]]:
     """Which Prometheus instances each prometheus host runs.
 

@@ -562,28 +562,30 @@ def entry_addresses(check: Checker, spec: EntrySpec, key_path: str) -> list[str]
     return addresses
 
 
+# What every host of an entry has exactly as the entry wrote it.
+SPEC_HOST_FIELDS = (
+    "role",
+    "rack",
+    "partitions",
+    "gpu_vendor",
+    "gpu_model",
+    "gpu_count",
+    "gpu_collector",
+    "labels",
+    "vars",
+)
+
+
 def build_hosts(check: Checker, spec: EntrySpec, key_path: str, cluster: str) -> list[Host]:
     addresses = entry_addresses(check, spec, key_path)
     cpus = spec.cpus or DEFAULT_CPUS
     series = spec.expected_series or estimate_series(
         HostShape(cpus, spec.gpu_count, spec.gpu_collector, spec.role)
     )
+    shared = {name: getattr(spec, name) for name in SPEC_HOST_FIELDS}
     return [
         Host(
-            name=name,
-            role=spec.role,
-            address=address,
-            rack=spec.rack,
-            partitions=spec.partitions,
-            gpu_vendor=spec.gpu_vendor,
-            gpu_model=spec.gpu_model,
-            gpu_count=spec.gpu_count,
-            gpu_collector=spec.gpu_collector,
-            cpus=cpus,
-            expected_series=series,
-            labels=spec.labels,
-            vars=spec.vars,
-            source=key_path,
+            name=name, address=address, cpus=cpus, expected_series=series, source=key_path, **shared
         )
         for name, address in zip(spec.names, addresses, strict=True)
     ]

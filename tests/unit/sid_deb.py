@@ -8,6 +8,7 @@ daemon to be ready.
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import shutil
 import subprocess
@@ -41,6 +42,14 @@ def _debian_suite() -> ModuleType:
 
 def unpacked(package: str, cache: Path, suite: str = "sid") -> Path:
     """The root of ``package``'s unpacked .deb; older versions under ``cache`` are removed."""
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    # pytest-xdist workers share the cache: one of them downloads and unpacks, the rest wait.
+    with open(cache.parent / f".{cache.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _unpacked(package, cache, suite)
+
+
+def _unpacked(package: str, cache: Path, suite: str) -> Path:
     try:
         deb = _debian_suite().fetch(package, suite)
     except (SystemExit, OSError, subprocess.SubprocessError) as error:
@@ -54,10 +63,7 @@ def unpacked(package: str, cache: Path, suite: str = "sid") -> Path:
         subprocess.run(
             ["dpkg-deb", "-x", str(deb), str(partial)], check=True, capture_output=True, timeout=120
         )
-        try:
-            partial.rename(target)
-        except OSError:  # a concurrent run unpacked it first
-            shutil.rmtree(partial, ignore_errors=True)
+        partial.rename(target)
     return target
 
 

@@ -139,8 +139,7 @@ def test_throttled_and_one_digest(config_file: Path) -> None:
     assert (idle["group_interval"], idle["repeat_interval"]) == ("1h", "24h")
     owners = [r for r in idle["routes"] if r["receiver"].startswith("gpufleet-idle-owner")]
     assert owners and all(
-        r["group_by"] == ["alertname", "cluster", "job_id", "user"] and r["continue"]
-        for r in owners
+        r["group_by"] == ["alertname", "cluster", "user"] and r["continue"] for r in owners
     )
     receivers = {r["name"]: r for r in yaml.safe_load(config_file.read_text())["receivers"]}
     assert receivers["gpufleet-idle-owner"]["email_configs"][0]["to"] == (
@@ -181,6 +180,29 @@ def test_hostile_settings_are_refused(override: dict) -> None:
 
 def test_good_settings_pass() -> None:
     assert evaluate("alertmanager", "_alertmanager_idle_problems", "mon01", SETTINGS) == []
+
+
+@pytest.mark.parametrize("tag", ["alertmanager_preflight", "alertmanager_configure"])
+def test_the_owner_settings_are_checked_before_the_config_is_written(
+    tag: str, tmp_path: Path
+) -> None:
+    """A `--tags alertmanager_configure` run, which writes alertmanager.yml, checks the
+    settings too (Ansible's own tag selection, listed without running anything)."""
+    play = tmp_path / "play.yml"
+    play.write_text(
+        "- {name: Alertmanager, hosts: all, gather_facts: false, roles: [alertmanager]}\n"
+    )
+    result = subprocess.run(
+        ["ansible-playbook", "-i", "localhost,", str(play), "--list-tasks", "--tags", tag],
+        capture_output=True, text=True, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    tasks = [line.split("\t")[0].strip() for line in result.stdout.splitlines()]
+    check = "alertmanager : Check the idle-GPU owner settings"
+    assert check in tasks, result.stdout
+    if tag == "alertmanager_configure":
+        write = "alertmanager : Write the Alertmanager configuration"
+        assert tasks.index(check) < tasks.index(write), result.stdout
 
 
 # --- delivery by a real Alertmanager -------------------------------------------------------
@@ -251,7 +273,8 @@ def _idle(job: str, user: str, account: str, node: str) -> dict:
 
 def test_owner_mail_and_one_digest_are_delivered(amtool: Path, tmp_path: Path) -> None:
     """The real Alertmanager of the same release as amtool: the templated `to:` reaches
-    carol, the map reaches alice, opted-out and hostile users get no mail, and the admins
+    carol (one mail for her two idle jobs: one notification group per user), the map
+    reaches alice, opted-out and hostile users get no mail, and the admins
     get one digest with every idle job."""
     binary = amtool.parent / "prometheus-alertmanager"
     _Smtp.mails, _Hook.posts = [], []
@@ -284,6 +307,7 @@ def test_owner_mail_and_one_digest_are_delivered(amtool: Path, tmp_path: Path) -
             url = f"http://127.0.0.1:{port}"
             wait_ready(url, server, log, seconds=30)
             alerts = [_idle("7", "carol", "chem", "gpu001"), _idle("7", "carol", "chem", "gpu002"),
+                      _idle("11", "carol", "chem", "gpu006"),
                       _idle("8", "alice", "chem", "gpu003"), _idle("9", "dave", "bio", "gpu004"),
                       _idle("10", "x@evil.org,y", "chem", "gpu005")]  # fmt: skip
             request = urllib.request.Request(
@@ -300,8 +324,11 @@ def test_owner_mail_and_one_digest_are_delivered(amtool: Path, tmp_path: Path) -
             smtp.shutdown()
             hook.shutdown()
     mails = sorted((rcpt, body.count("job_id")) for rcpt, body in _Smtp.mails)
-    # one mail per job: job 7's two nodes in carol's mail
-    assert mails == [(["<a.smith@example.org>"], 2), (["<carol@example.org>"], 3)], mails
+    # one mail per owner, not per job: carol's lists job 7 (two nodes) and job 11
+    assert mails == [(["<a.smith@example.org>"], 1), (["<carol@example.org>"], 3)], mails
+    (carol,) = [body for rcpt, body in _Smtp.mails if rcpt == ["<carol@example.org>"]]
+    assert "job 7" in carol and "job 11" in carol
     (digest,) = _Hook.posts
     assert digest["groupLabels"] == {"alertname": "SlurmJobGpuIdle", "cluster": "c1"}
-    assert sorted(a["labels"]["job_id"] for a in digest["alerts"]) == ["10", "7", "7", "8", "9"]
+    jobs = sorted(a["labels"]["job_id"] for a in digest["alerts"])
+    assert jobs == ["10", "11", "7", "7", "8", "9"]

@@ -148,7 +148,7 @@ def known_metrics() -> set[str]:
             known |= {rule["record"] for rule in group["rules"] if "record" in rule}
     collector = (ROOT / "src/gpufleet_node/gpu_collector/model.py").read_text()
     families = re.search(r"FAMILIES: dict\[.*?\] = \{(.*?)\n\}", collector, re.S).group(1)
-    known |= {"node_gpu_" + name for name in re.findall(r'^    "(\w+)": \(', families, re.M)}
+    known |= {"node_gpu_" + name for name in re.findall(r'^    "(\w+)":', families, re.M)}
     dcgm = ROOT / "roles/dcgm_exporter/templates/dcgm-counters.csv.j2"
     known |= set(re.findall(r"\b(DCGM_[A-Z0-9_]+)", dcgm.read_text()))
     known |= set(
@@ -342,10 +342,53 @@ def test_the_job_dashboard_follows_one_job_and_is_linked(dashboards):
     panel to its nodes, and the Slurm jobs dashboard links each job to it."""
     job = dashboards["slurm-job.json"]
     for place, expr in queries(job, "prometheus"):
-        if place.endswith(("variable cluster", "variable job_id")):
-            continue  # the choice of cluster and job
+        if place.endswith(("variable cluster", "variable job_id")) or expr == IDLE_THRESHOLD:
+            continue  # the choice of cluster and job; the site-wide idle threshold
         assert 'job_id="${job_id}"' in expr, f"{place} is not restricted to the job"
+    sources = set()
     for place, expr in queries(job, "loki"):
-        assert 'node=~"${job_nodes}"' in expr and "${job_id}" in expr, place
+        assert "${job_id}" in expr, place
+        if 'source="slurmctld"' in expr:  # the controller is not among the job's nodes
+            sources.add("slurmctld")
+        else:
+            assert 'node=~"${job_nodes}"' in expr and 'source="slurmd"' in expr, place
+            sources.add("slurmd")
+        # The line filter as Loki reads it: a Go string literal holding an RE2 regex.
+        pattern = json.loads(re.search(r'\|~ ("(?:[^"\\]|\\.)*")', expr).group(1))
+        names = re.compile(pattern.replace("${job_id}", "123"))
+        for line in (
+            "_slurm_rpc_kill_job: REQUEST_KILL_JOB JobId=123 uid 1000",
+            "sched: Allocate JobId=123 NodeList=gpu01 #CPUs=8",
+            "[123.batch] done with job",
+            "[123.0] task/cgroup: _memcg_initialize: job: alloc=1024MB",
+            "Launching batch job 123 for UID 1000",
+            "cgroup v1: created /slurm/uid_1000/job_123",
+        ):
+            assert names.search(line), (place, line)
+        for line in ("JobId=1234 started", "[1230.batch] done", "job 12 ended"):
+            assert not names.search(line), (place, line)
+    assert sources == {"slurmd", "slurmctld"}
     links = json.dumps(dashboards["slurm-jobs.json"])
     assert links.count("/d/gpufleet-slurm-job/slurm-job?var-job_id=") == 2
+
+
+IDLE_THRESHOLD = "(max(gpufleet:slurm_idle_gpu_threshold:percent) or vector(5))"
+
+
+@pytest.mark.parametrize("name", ["slurm-job.json", "slurm-jobs.json"])
+def test_slurm_dashboards_show_the_sites_idle_threshold(dashboards, name):
+    """Idle panels name the threshold the rules record (prometheus_slurm_idle_gpu_threshold_
+    percent), not a copy of the default; the utilization panels draw it as a line."""
+    dash = dashboards[name]
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert variable_expr(variables["idle_threshold"]) == IDLE_THRESHOLD
+    assert variables["idle_threshold"]["hide"] == 2
+    # Grafana's query_result text for the labelless max(): "{} <value> <ms>"
+    regex = variables["idle_threshold"]["regex"].strip("/")
+    assert re.search(regex, "{} 12.5 1764150000000").group(1) == "12.5"
+    titles = [p["title"] for p in panels(dash)]
+    idle_titles = [t for t in titles if "idle" in t.lower() and "unallocated" not in t]
+    assert idle_titles and all("${idle_threshold} %" in t for t in idle_titles), idle_titles
+    assert not [t for t in titles if re.search(r"\b(5 %|30 min)", t)]
+    lines = [expr for place, expr in queries(dash, "prometheus") if expr == IDLE_THRESHOLD]
+    assert len(lines) == 2  # the variable and the utilization panel's threshold line

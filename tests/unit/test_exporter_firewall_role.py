@@ -259,7 +259,8 @@ def test_sources_are_the_clients_of_each_service() -> None:
         "slurm_exporter": (["prometheus", "prometheus_global"], [EXTRA]),
         "ipmi_exporter": (["prometheus", "prometheus_global"], [EXTRA]),
         "extra_ports": (["prometheus", "prometheus_global"], [EXTRA]),
-        "prometheus": (["prometheus", "prometheus_global", "grafana"], [ADMIN]),
+        # slurm_controller: the job summary epilog (slurm_exporter_job_summary) asks it.
+        "prometheus": (["prometheus", "prometheus_global", "grafana", "slurm_controller"], [ADMIN]),
         "alertmanager": (["prometheus", "prometheus_global", "grafana", "loki"], [ADMIN]),
         "alertmanager_gossip": (["alertmanager"], None),
         "loki": (["all", "grafana"], [ADMIN]),
@@ -338,6 +339,13 @@ def test_rules_follow_the_exporters_port_variables_and_extras() -> None:
     assert elements(text, "allowed_ipv4") == ["10.1.9.1", "10.1.9.2", "192.0.2.0/24"]
     assert elements(text, "allowed_ipv6") == ["2001:db8::5"]
     assert "counter reject with tcp reset" in text
+
+
+def test_the_slurm_controller_may_query_prometheus() -> None:
+    """The job summary epilog runs on the controller and asks every Prometheus instance."""
+    text = rules("mon01")
+    assert "10.1.9.10" in elements(text, "prometheus_allowed_ipv4")  # slurmctl01
+    assert "10.1.9.10" not in elements(text, "allowed_ipv4")  # not the exporters
 
 
 def test_rules_replace_only_gpufleets_table_in_one_file() -> None:
@@ -491,8 +499,15 @@ def test_a_monitoring_host_protects_every_server_port_with_its_clients() -> None
         # Alloy on every host pushes logs, Grafana queries.
         "loki": (["loki"], [3100], [], everyone, MON_V6),
         "loki_grpc": (["loki_grpc"], [9096], [], MON, []),
-        # Global (9090) federates the shards (9091, 9092), replicas and Grafana query.
-        "prometheus": (["prometheus"], [9090, 9091, 9092], [], MON_AND_GRAFANA, MON_V6),
+        # Global (9090) federates the shards (9091, 9092), replicas, Grafana and the Slurm
+        # controller's job summary epilog (ctl01) query.
+        "prometheus": (
+            ["prometheus"],
+            [9090, 9091, 9092],
+            [],
+            [*MON_AND_GRAFANA, "10.0.2.1"],
+            MON_V6,
+        ),
         "victoriametrics": (["victoriametrics"], [8428], [], MON_AND_GRAFANA, MON_V6),
     }
 
@@ -644,7 +659,12 @@ def test_rendered_server_rules_chain_every_rule() -> None:
         "",
     ]
     assert elements(text, "prometheus_ports") == ["9090", "9091", "9092"]
-    assert elements(text, "prometheus_allowed_ipv4") == ["10.0.0.1", "10.0.0.5", "192.0.2.0/24"]
+    assert elements(text, "prometheus_allowed_ipv4") == [
+        "10.0.0.1",
+        "10.0.0.5",
+        "10.0.2.1",  # ctl01, the job summary epilog
+        "192.0.2.0/24",
+    ]
     assert elements(text, "alertmanager_gossip_udp_ports") == ["9094"]
     # A TCP reset cannot answer UDP: gossip rejects UDP with an ICMP port unreachable.
     gossip = text.split("chain alertmanager_gossip_access {")[1].split("}")[0]

@@ -17,7 +17,9 @@ import bcrypt
 import pytest
 import yaml
 from ansible.plugins.loader import filter_loader
-from render_role import ROOT, example_inventory, render, template_value
+from render_role import ROOT, evaluate, example_inventory, render, template_value
+
+from gpufleet_node.job_summary import cli as job_summary_cli
 
 filter_loader.add_directory(str(ROOT / "plugins" / "filter"))
 
@@ -187,3 +189,72 @@ def test_a_configure_run_installs_the_exporter_it_validates_with(tmp_path):
     assert names.index("Install the exporter") < names.index(
         "Write the node map (which Prometheus shard scrapes which node)"
     )
+
+
+# --- job summaries: the EpilogSlurmctld program's configuration ---------------------------
+
+SUMMARY_TASKS = ROOT / "roles" / ROLE / "tasks" / "job_summary.yml"
+
+
+def summary_task(name: str) -> dict:
+    tasks = yaml.safe_load(SUMMARY_TASKS.read_text())
+    (task,) = [t for t in tasks if t["name"] == name]
+    return task
+
+
+SACCTMGR = {"__slurm_exporter_sacctmgr": {"rc": 0, "stdout": "/opt/slurm/bin/sacctmgr"}}
+
+
+def summary_config(overrides: dict | None = None) -> dict:
+    task = summary_task("Write the job summary configuration")
+    values = {**task.get("vars", {}), **SACCTMGR, **(overrides or {})}
+    content = template_value(ROLE, task["ansible.builtin.copy"]["content"], HOST, values)
+    return json.loads(content)
+
+
+def test_the_job_summary_configuration_bounds_the_epilog(tmp_path):
+    doc = summary_config()
+    assert (doc["deadline_s"], doc["slots"]) == (60, 4)
+    run_dir = summary_task("Create the directory of the epilogs' slot files")
+    assert run_dir["ansible.builtin.file"]["mode"] == "0770"
+    assert doc["run_dir"] == template_value(ROLE, run_dir["ansible.builtin.file"]["path"], HOST)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(doc))
+    config = job_summary_cli.load_config(str(path))  # what the role's validate: runs
+    assert (config.deadline_s, config.slots, config.run_dir) == (60, 4, doc["run_dir"])
+
+
+def test_the_epilog_gets_sacctmgrs_path_and_slurm_conf():
+    """slurmctld gives its epilog no PATH and no SLURM_CONF."""
+    doc = summary_config({"slurm_exporter_slurm_conf": "/etc/slurm/site.conf"})
+    assert (doc["sacctmgr"], doc["slurm_conf"]) == (
+        "/opt/slurm/bin/sacctmgr",
+        "/etc/slurm/site.conf",
+    )
+    look = summary_task("Look for sacctmgr")
+    assert look["register"] == "__slurm_exporter_sacctmgr"
+    assert "startswith('/')" in look["failed_when"]
+    argv = [template_value(ROLE, a, HOST, {"slurm_exporter_slurm_bin_dir": "/opt/slurm/bin"})
+            for a in look["ansible.builtin.command"]["argv"]]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0  # no /opt/slurm/bin/sacctmgr here: the task fails
+
+
+def test_job_summaries_are_opt_in():
+    """Off even where the inventory has prometheus hosts: the epilog rewrites every job's
+    AdminComment, and preflight fails on a controller without SlurmUser's group."""
+    groups, _ = example_inventory()
+    assert groups["prometheus"]
+    assert evaluate(ROLE, "slurm_exporter_job_summary | bool", HOST) is False
+    specs = yaml.safe_load((ROOT / "roles" / ROLE / "meta" / "argument_specs.yml").read_text())
+    options = specs["argument_specs"]["main"]["options"]
+    assert options["slurm_exporter_job_summary"]["default"] is False
+
+
+def test_the_job_summary_zipapp_is_built_whatever_the_first_hosts_switch():
+    """run_once takes the first host's when: a controller that turns summaries on while the
+    first host of the play does not would get no zipapp to copy."""
+    tasks = yaml.safe_load((ROOT / "roles" / ROLE / "tasks" / "install.yml").read_text())
+    block = next(t for t in tasks if "block" in t)["block"]
+    (build,) = [t for t in block if t["name"] == "Build the job summary zipapp on the controller"]
+    assert build["run_once"] is True and "when" not in build

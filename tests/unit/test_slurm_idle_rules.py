@@ -1,7 +1,7 @@
 """SlurmJobGpuIdle's threshold and duration are site settings (prometheus role).
 
-The static gpufleet-slurm.rules.yml ships the defaults (5 %, 30m); the role's
-filter_plugins/slurm_idle.py substitutes the site's values. A non-default setting must
+The static gpufleet-slurm.rules.yml ships the defaults (5 %, 30m); the filter
+plugins/filter/gpufleet_slurm_idle.py substitutes the site's values. A non-default setting must
 change when the alert fires (checked by both promtool majors), the defaults must leave
 the file byte for byte as shipped (so tests/rules/ test what is deployed), and the alert
 keeps job_id, user, account and partition through every instance's alert relabeling.
@@ -22,7 +22,7 @@ from test_rules import promtool  # noqa: F401  (the two-major promtool fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "roles" / "prometheus" / "files" / "rules" / "gpufleet-slurm.rules.yml"
-FILTER = ROOT / "roles" / "prometheus" / "filter_plugins" / "slurm_idle.py"
+FILTER = ROOT / "plugins" / "filter" / "gpufleet_slurm_idle.py"
 DEFAULTS = ROOT / "roles" / "prometheus" / "defaults" / "main.yml"
 OWNER_LABELS = {"job_id", "user", "account", "partition"}
 
@@ -97,6 +97,36 @@ def test_site_threshold_and_duration_change_when_it_fires(promtool: Path, tmp_pa
     _promtool_test(promtool, tmp_path, _rendered(50, "10m"), alerts)
 
 
+def test_recorded_threshold_follows_the_setting(promtool: Path, tmp_path: Path) -> None:  # noqa: F811
+    """What jobstats and the dashboards read: the site's threshold, not the shipped 5."""
+    (tmp_path / "slurm.rules.yml").write_text(_rendered(12.5, "2h"))
+    test = {
+        "rule_files": ["slurm.rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": INPUT,
+                "promql_expr_test": [
+                    {
+                        "expr": "gpufleet:slurm_idle_gpu_threshold:percent",
+                        "eval_time": "5m",
+                        "exp_samples": [
+                            {"labels": "gpufleet:slurm_idle_gpu_threshold:percent", "value": 12.5}
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    (tmp_path / "threshold.test.yml").write_text(yaml.safe_dump(test))
+    result = subprocess.run(
+        [str(promtool), "test", "rules", "threshold.test.yml"],
+        capture_output=True, text=True, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_default_threshold_leaves_a_20_percent_gpu_alone(promtool: Path, tmp_path: Path) -> None:  # noqa: F811
     alerts = [{"eval_time": "50m", "alertname": "SlurmJobGpuIdle", "exp_alerts": []}]
     _promtool_test(promtool, tmp_path, _rendered(5, "30m"), alerts)
@@ -108,6 +138,7 @@ def test_idle_count_follows_the_settings() -> None:
         r.get("record") or r["alert"]: r for g in yaml.safe_load(text)["groups"] for r in g["rules"]
     }
     assert "[2h]) < 12.5)" in rules["slurm_job:gpus_allocated_idle:count"]["expr"]
+    assert rules["gpufleet:slurm_idle_gpu_threshold:percent"]["expr"] == "vector(12.5)"
     assert rules["SlurmJobGpuIdle"]["for"] == "2h"
     assert "< 12.5" in rules["SlurmJobGpuIdle"]["expr"]
     assert (

@@ -16,21 +16,19 @@ from dataclasses import dataclass
 from gpufleet.jobstats.discover import SAFE_GPU, JobPlace, node_regex
 from gpufleet.jobstats.promapi import PromClient
 
-# figure -> (range function, recorded series)
-GPU_FIGURES = {
-    "util_mean": ("avg_over_time", "gpu:utilization_percent:max"),
-    "util_max": ("max_over_time", "gpu:utilization_percent:max"),
-    "mem_used_max": ("max_over_time", "gpu:memory_used_bytes:sum"),
-    "mem_total": ("max_over_time", "gpu:memory_total_bytes:sum"),
-    "power_mean": ("avg_over_time", "gpu:power_draw_watts:max"),
-    "power_max": ("max_over_time", "gpu:power_draw_watts:max"),
-}
-NODE_FIGURES = {
-    "cpu_mean": ("avg_over_time", "node:cpu_utilization:ratio"),
-    "cpu_max": ("max_over_time", "node:cpu_utilization:ratio"),
-    "mem_max": ("max_over_time", "node:memory_utilization:ratio"),
-    "mem_total": ("max_over_time", "node:memory_total_bytes:sum"),
-    "cpus": ("max_over_time", "node:cpus:count"),
+# (per GPU or per node, figure) -> (range function, recorded series)
+FIGURES = {
+    ("gpu", "util_mean"): ("avg_over_time", "gpu:utilization_percent:max"),
+    ("gpu", "util_max"): ("max_over_time", "gpu:utilization_percent:max"),
+    ("gpu", "mem_used_max"): ("max_over_time", "gpu:memory_used_bytes:sum"),
+    ("gpu", "mem_total"): ("max_over_time", "gpu:memory_total_bytes:sum"),
+    ("gpu", "power_mean"): ("avg_over_time", "gpu:power_draw_watts:max"),
+    ("gpu", "power_max"): ("max_over_time", "gpu:power_draw_watts:max"),
+    ("node", "cpu_mean"): ("avg_over_time", "node:cpu_utilization:ratio"),
+    ("node", "cpu_max"): ("max_over_time", "node:cpu_utilization:ratio"),
+    ("node", "mem_max"): ("max_over_time", "node:memory_utilization:ratio"),
+    ("node", "mem_total"): ("max_over_time", "node:memory_total_bytes:sum"),
+    ("node", "cpus"): ("max_over_time", "node:cpus:count"),
 }
 
 
@@ -50,11 +48,8 @@ def collect(client: PromClient, place: JobPlace) -> Figures:
     nodes = node_regex(list(place.gpus_allocated))
     window = f"[{span_seconds(place)}s]"
     queries = {
-        ("gpu", name): f'{func}({series}{{node=~"{nodes}"}}{window})'
-        for name, (func, series) in GPU_FIGURES.items()
-    } | {
-        ("node", name): f'{func}({series}{{node=~"{nodes}"}}{window})'
-        for name, (func, series) in NODE_FIGURES.items()
+        key: f'{func}({series}{{node=~"{nodes}"}}{window})'
+        for key, (func, series) in FIGURES.items()
     }
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = pool.map(lambda q: client.query(q, place.end), queries.values())

@@ -3,6 +3,8 @@
 Missing data ends with one line on stderr and EXIT_NO_DATA: an unknown job (or one older
 than the retention), a Prometheus, shard or global tier that does not answer. A report
 with holes (a shard down while others hold the job) is printed, and exits EXIT_NO_DATA too.
+A job Prometheus no longer holds is reported from the summary the slurmctld epilog stored
+(:mod:`gpufleet.jobstats.stored`): read with sacct where it runs, or from ``--summary``.
 """
 
 from __future__ import annotations
@@ -15,12 +17,22 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpufleet.jobstats import idle, render
+from gpufleet.jobstats import idle, render, stored
+from gpufleet.jobstats.access import Access, inventory_access
 from gpufleet.jobstats.collect import Figures, collect
 from gpufleet.jobstats.discover import JobPlace, check_job_id, find_job, slurm_seen
 from gpufleet.jobstats.promapi import PromClient, PromError
-from gpufleet.jobstats.report import IDLE_THRESHOLD, build_report
-from gpufleet.jobstats.targets import Instance, Topology, ask, from_inventory, single
+from gpufleet.jobstats.report import IDLE_THRESHOLD, build_report, missing_data
+from gpufleet.jobstats.targets import (
+    Instance,
+    Topology,
+    ask,
+    ask_best,
+    from_inventory,
+    prometheus_hosts,
+    single,
+)
+from gpufleet_node.job_summary.summary import Summary
 
 EXIT_NO_DATA = 3
 PASSWORD_ENV = "GPUFLEET_PROMETHEUS_PASSWORD"
@@ -53,14 +65,18 @@ def seconds(text: str) -> float:
     return value
 
 
-def add_source_arguments(parser: argparse.ArgumentParser) -> None:
-    where = parser.add_mutually_exclusive_group(required=True)
+def add_source_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    where = parser.add_mutually_exclusive_group(required=required)
     where.add_argument("--prometheus", metavar="URL", help="the Prometheus to query")
     where.add_argument(
         "-i", "--inventory", metavar="INVENTORY", help="node list file or inventory directory"
     )
-    parser.add_argument("--ca-file", help="CA bundle for https (the inventory's URLs use https)")
-    parser.add_argument("--user", help="basic auth user")
+    parser.add_argument(
+        "--ca-file", help="CA bundle for https (default with -i: the inventory's prometheus_tls_ca)"
+    )
+    parser.add_argument(
+        "--user", help="basic auth user (default with -i: the inventory's, as the role's clients)"
+    )
     parser.add_argument(
         "--password-file",
         help=f"file holding the basic auth password (or set {PASSWORD_ENV}); never on argv",
@@ -73,15 +89,21 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
 def add_parsers(commands: Any) -> None:
     jobstats = commands.add_parser("jobstats", help="GPU, CPU and memory use of a Slurm job")
     jobstats.add_argument("job_id", metavar="JOBID")
-    add_source_arguments(jobstats)
+    # Without --prometheus/-i: the stored summary, from sacct or --summary.
+    add_source_arguments(jobstats, required=False)
+    jobstats.add_argument(
+        "--summary",
+        metavar="FILE",
+        help="read the job's stored summary (its AdminComment text) from FILE, not Prometheus",
+    )
     jobstats.add_argument(
         "--lookback", default="30d", help="how far back to look for the job (default 30d)"
     )
     jobstats.add_argument(
         "--threshold",
         type=percent,
-        default=IDLE_THRESHOLD,
-        help=f"utilization (%%) under which a GPU is idle (default {IDLE_THRESHOLD:g})",
+        help="utilization (%%) under which a GPU is idle; default: the recording rules' "
+        f"{idle.THRESHOLD_SERIES} (the site's), else {IDLE_THRESHOLD:g}",
     )
     report = commands.add_parser("report", help="cluster reports")
     kinds = report.add_subparsers(dest="report", required=True)
@@ -91,7 +113,8 @@ def add_parsers(commands: Any) -> None:
     idle_parser.add_argument(
         "--threshold",
         type=percent,
-        help="utilization (%%) under which a GPU is idle; default: the recording rules' (5)",
+        help="utilization (%%) under which a GPU is idle; default: the recording rules' "
+        "(the site's threshold)",
     )
 
 
@@ -105,15 +128,21 @@ def password(args: argparse.Namespace) -> str | None:
     return os.environ.get(PASSWORD_ENV)
 
 
-def client_factory(args: argparse.Namespace, stats: list[dict[str, Any]]) -> Any:
-    secret = password(args) if args.user else None
+def client_factory(args: argparse.Namespace, stats: list[dict[str, Any]], where: Topology) -> Any:
+    access = where.access or Access()
+    if args.user:
+        username, secret = args.user, password(args)
+    else:  # the inventory's login, if any
+        username, secret = access.username or None, access.password or None
+    ca_data = None if args.ca_file else access.ca or None
 
     def make(url: str) -> PromClient:
         client = PromClient(
             url,
             timeout=args.timeout,
             ca_file=args.ca_file,
-            username=args.user,
+            ca_data=ca_data,
+            username=username,
             password=secret,
             want_stats=args.stats,
         )
@@ -130,7 +159,9 @@ def topology(args: argparse.Namespace) -> Topology:
     from gpufleet.nodelist import load_node_list
 
     node_list = load_node_list(find_node_list(args.inventory))
-    return from_inventory(node_list, "https" if args.ca_file else "http")
+    access = inventory_access(node_list, prometheus_hosts(node_list))
+    scheme = "https" if args.ca_file else access.scheme
+    return replace(from_inventory(node_list, scheme, access.port_base), access=access)
 
 
 def _find_on(
@@ -138,17 +169,88 @@ def _find_on(
 ) -> tuple[str, JobPlace] | str:
     """(answering URL, the job's part there), or why the instance gave nothing."""
     try:
-        return ask(instance, make, lambda c: (c.url, find_job(c, job_id, lookback_s, now)))
+        return ask_best(
+            instance,
+            make,
+            lambda c: (c.url, find_job(c, job_id, lookback_s, now)),
+            score=lambda found: coverage(found[1]),
+        )
     except PromError as err:
         return str(err)
 
 
+def coverage(place: JobPlace) -> float:
+    """How much of the job a replica holds: its span, or -1 if it does not know the job."""
+    return place.end - place.start if place.gpus_allocated else -1.0
+
+
 def run_jobstats(args: argparse.Namespace) -> Outcome:
+    """The live report; the stored summary when Prometheus does not hold the job."""
     job_id = check_job_id(args.job_id)
+    if args.summary:
+        if args.prometheus or args.inventory:
+            raise ValueError("--summary reads no Prometheus: drop --prometheus/-i")
+        summary = _stored(lambda: stored.from_file(args.summary, job_id))
+        return stored_report(args, summary, f"the summary in {args.summary}")
+    if not (args.prometheus or args.inventory):
+        if not stored.sacct_available():
+            raise ValueError("give --prometheus URL, -i INVENTORY or --summary FILE")
+        return stored_report(args, _stored(lambda: stored.from_sacct(job_id)), SACCT_SOURCE)
+    try:
+        return live_jobstats(args, job_id)
+    except NoData as err:
+        if not stored.sacct_available():
+            raise
+        try:
+            summary = stored.from_sacct(job_id)
+        except stored.NoSummary as why:
+            raise NoData(f"{err}; no stored summary either: {why}") from err
+        outcome = stored_report(args, summary, SACCT_SOURCE)
+        outcome.stderr.insert(0, f"gpufleet jobstats: {err}")
+        return outcome
+
+
+SACCT_SOURCE = "the summary stored at the job's end (its AdminComment, read with sacct)"
+
+
+def _stored(read: Any) -> Summary:
+    try:
+        summary: Summary = read()
+    except stored.NoSummary as err:
+        raise NoData(str(err)) from err
+    return summary
+
+
+def stored_report(args: argparse.Namespace, summary: Summary, source: str) -> Outcome:
+    """The report from a stored summary: the same figures, verdict computed again."""
+    place, figures = stored.place_and_figures(summary)
+    threshold = args.threshold
+    if threshold is None:  # the site's, as stored; a summary from before it: the default
+        threshold = IDLE_THRESHOLD if summary.threshold is None else summary.threshold
+    report = build_report(place, figures, threshold, running=False)
+    if summary.dropped:
+        why = "GPU rows left out of the stored summary to fit AdminComment, or none known"
+        report.missing = missing_data(place, report.gpus, report.nodes, why)
+        report.missing.append(
+            f"{summary.dropped} GPUs left out of the stored summary (AdminComment size limit)"
+        )
+    report.missing += [
+        f"{name}: did not answer when the summary was stored (the job's nodes there are missing)"
+        for name in summary.down
+    ]
+    report.sources = [source]
+    # Holes exit EXIT_NO_DATA, as a live report with a shard down does.
+    code = EXIT_NO_DATA if summary.down or summary.dropped else 0
+    if args.json:
+        return Outcome(render.job_json(report), code)
+    return Outcome(f"{render.job_text(report)}\nsource: {source}", code)
+
+
+def live_jobstats(args: argparse.Namespace, job_id: str) -> Outcome:
     lookback_s = idle.parse_since(args.lookback, "--lookback")
     stats: list[dict[str, Any]] = []
-    make = client_factory(args, stats)
     where = topology(args)
+    make = client_factory(args, stats, where)
     now = time.time()
     with ThreadPoolExecutor(max_workers=8) as pool:
         found = list(
@@ -170,11 +272,15 @@ def run_jobstats(args: argparse.Namespace) -> Outcome:
         part = collect(make(url), replace(place, start=merged.start, end=merged.end))
         figures = Figures({**figures.gpus, **part.gpus}, {**figures.nodes, **part.nodes})
     running = merged.end >= now - RUNNING_SLACK_S
-    report = build_report(merged, figures, args.threshold, running)
+    threshold: float | None = args.threshold
+    unset: list[str] = []
+    if threshold is None:
+        threshold, unset = idle.site_threshold(make(parts[0][0]), now)
+    report = build_report(merged, figures, threshold, running)
     report.missing += [f"{line} (the job's nodes there are missing)" for line in down]
     report.sources = [url for url, _ in parts]
     text = render.job_json(report) if args.json else render.job_text(report)
-    notes = [f"gpufleet jobstats: {line}" for line in down] + stats_text(args, stats)
+    notes = [f"gpufleet jobstats: {line}" for line in down + unset] + stats_text(args, stats)
     return Outcome(text, EXIT_NO_DATA if down else 0, notes)
 
 
@@ -203,14 +309,19 @@ def unknown_job(
 def run_report_idle(args: argparse.Namespace) -> Outcome:
     since_s = idle.parse_since(args.since)
     stats: list[dict[str, Any]] = []
-    make = client_factory(args, stats)
     where = topology(args)
+    make = client_factory(args, stats, where)
     now = time.time()
     if args.threshold is None:
         instance = where.rollups or where.data[0]
-        totals = ask(instance, make, lambda c: idle.recorded(c, since_s, now))
-        source, threshold = f"recording rules on {instance.name}", IDLE_THRESHOLD
+        totals, threshold, unset = ask(
+            instance,
+            make,
+            lambda c: (idle.recorded(c, since_s, now), *idle.site_threshold(c, now)),
+        )
+        source = f"recording rules on {instance.name}"
     else:
+        unset = []
         parts = [
             ask(inst, make, lambda c: idle.raw(c, since_s, now, args.threshold))
             for inst in where.data
@@ -227,7 +338,8 @@ def run_report_idle(args: argparse.Namespace) -> Outcome:
         "by_account": idle.rows(totals["account"], "account"),
     }
     text = json.dumps(result, indent=2) if args.json else render.idle_text(result)
-    return Outcome(text, 0, stats_text(args, stats))
+    notes = [f"gpufleet report: {line}" for line in unset]
+    return Outcome(text, 0, notes + stats_text(args, stats))
 
 
 def stats_text(args: argparse.Namespace, stats: list[dict[str, Any]]) -> list[str]:

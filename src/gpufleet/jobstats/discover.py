@@ -8,11 +8,13 @@ not be the NVML index ``gpu`` of the GPU series (jobstats issue #34): it is tran
 through ``gpu:device_minor:info{gpu, minor}``, the map the gpufleet-slurm rules join on,
 and taken as the NVML index where a node reports no minors (the rules' fallback). The span
 is the first and last sample of ``slurm_job_gpus_allocated``: exact at the end, within one
-step at the start.
+step at the start. A job Slurm requeued shows its series stop and come back: the report
+covers its last run (nodes, GPUs and span), and says when the earlier one ended.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -29,6 +31,14 @@ MAX_GPUS_PER_NODE = 4096
 SAFE_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 SAFE_GPU = re.compile(r"^[0-9]{1,4}$")
 SPAN_STEP_S = 60  # resolution of the start time
+# The span's subquery steps fall on whole minutes: a running or just-ended job's last
+# samples, past the last step, are found at a 1 s step over this many seconds before now.
+LAST_SAMPLES_S = 2 * SPAN_STEP_S
+# Absent this many steps in a row, the job stopped (a requeue, or the exporter was down), as
+# opposed to a missed scrape. Prometheus answers at most 11,000 points per series.
+GAP_STEPS = 3
+MAX_POINTS = 10_000
+MAX_SUBQUERY_POINTS = 20_000  # under VictoriaMetrics' 30,000 per series
 
 
 @dataclass
@@ -44,6 +54,7 @@ class JobPlace:
     end: float = 0.0
     gpus_allocated: dict[str, int] = field(default_factory=dict)  # node -> GPUs
     gpu_indices: dict[str, list[str]] = field(default_factory=dict)  # node -> ["0", "1"]
+    earlier_run_end: float = 0.0  # the last sample before a gap (a requeue); 0: no gap
 
     def merge(self, other: JobPlace) -> JobPlace:
         """Two shards' parts of one job."""
@@ -61,6 +72,7 @@ class JobPlace:
             end=max(self.end, other.end),
             gpus_allocated={**self.gpus_allocated, **other.gpus_allocated},
             gpu_indices={**self.gpu_indices, **other.gpu_indices},
+            earlier_run_end=max(self.earlier_run_end, other.earlier_run_end),
         )
 
 
@@ -83,9 +95,60 @@ def node_regex(nodes: list[str]) -> str:
 def find_job(client: PromClient, job_id: str, lookback_s: int, now: float) -> JobPlace:
     """The job as this Prometheus saw it in the last ``lookback_s``; empty if never."""
     selector = f'slurm_job_gpus_allocated{{job_id="{check_job_id(job_id)}"}}'
-    window = f"[{lookback_s}s]"
-    place = JobPlace(job_id=job_id)
-    for sample in client.query(f"max_over_time({selector}{window})", now):
+    place = allocation(client, JobPlace(job_id=job_id), selector, lookback_s, now)
+    if not place.gpus_allocated:
+        return place
+    place.start, place.end = span_of(client, selector, lookback_s, now)
+    step = max(SPAN_STEP_S, -(-(place.end - place.start) // MAX_POINTS))
+    presence = client.query_range(f"count({selector})", place.start, place.end, step)
+    times = sorted(t for _, values in presence for t, _ in values)
+    if times:
+        start, earlier_end = last_run(times, GAP_STEPS * step)
+        if earlier_end:
+            window = round(place.end - start) + SPAN_STEP_S
+            rescoped = allocation(client, JobPlace(job_id=job_id), selector, window, place.end)
+            if rescoped.gpus_allocated:
+                rescoped.start, rescoped.end = start, place.end
+                rescoped.earlier_run_end = earlier_end
+                place = rescoped
+    span = f"[{max(60, round(place.end - place.start))}s]"
+    place.gpu_indices = recorded_gpus(client, job_id, place, span) or slurm_gpus(
+        client, job_id, place, span
+    )
+    return place
+
+
+def span_of(client: PromClient, selector: str, lookback_s: int, now: float) -> tuple[float, float]:
+    """(first, last sample time) of ``selector`` in the lookback, to SPAN_STEP_S.
+
+    A long lookback is searched at a coarser step first, then around what it found:
+    VictoriaMetrics refuses a subquery of more than 30,000 points (1.79's default).
+    """
+    coarse = max(SPAN_STEP_S, -(-lookback_s // MAX_SUBQUERY_POINTS))
+    ts = f"timestamp({selector})"
+    starts = client.query(f"min(min_over_time({ts}[{lookback_s}s:{coarse}s]))", now)
+    ends = client.query(f"max(max_over_time({ts}[{lookback_s}s:{coarse}s]))", now)
+    # The last samples at 1 s: a step may miss one just before its staleness marker.
+    recent = f"max(max_over_time({ts}[{LAST_SAMPLES_S}s:1s]))"
+    ends += client.query(recent, now)
+    start = starts[0].value if starts else now
+    end = max(sample.value for sample in ends) if ends else now
+    if coarse > SPAN_STEP_S and starts and ends:
+        # The coarse first point is at most one coarse step after the first sample, and the
+        # last one at most one before the last sample (a staleness marker may hide it).
+        near = f"[{coarse + SPAN_STEP_S}s:{SPAN_STEP_S}s]"
+        first = client.query(f"min(min_over_time({ts}{near}))", start)
+        last = client.query(f"max(max_over_time({ts}{near}))", min(now, end + coarse))
+        start = first[0].value if first else start
+        end = max(end, last[0].value) if last else end
+    return start, end
+
+
+def allocation(
+    client: PromClient, place: JobPlace, selector: str, window_s: int, at: float
+) -> JobPlace:
+    """``place`` with the job's GPUs per node and its owner, as seen in ``window_s``."""
+    for sample in client.query(f"max_over_time({selector}[{window_s}s])", at):
         node = sample.labels.get("node", "")
         if not SAFE_NODE.fullmatch(node):
             continue  # a label we cannot put in a query is not a node we can report
@@ -96,18 +159,16 @@ def find_job(client: PromClient, job_id: str, lookback_s: int, now: float) -> Jo
         place.account = place.account or sample.labels.get("account", "")
         place.partition = place.partition or sample.labels.get("partition", "")
         place.cluster = place.cluster or sample.labels.get("cluster", "")
-    if not place.gpus_allocated:
-        return place
-    ts = f"timestamp({selector})[{lookback_s}s:{SPAN_STEP_S}s]"
-    starts = client.query(f"min(min_over_time({ts}))", now)
-    ends = client.query(f"max(max_over_time({ts}))", now)
-    place.start = starts[0].value if starts else now
-    place.end = ends[0].value if ends else now
-    span = f"[{max(60, round(place.end - place.start))}s]"
-    place.gpu_indices = recorded_gpus(client, job_id, place, span) or slurm_gpus(
-        client, job_id, place, span
-    )
     return place
+
+
+def last_run(times: list[float], gap_s: float) -> tuple[float, float]:
+    """(start of the last run, end of the run before it or 0.0) from sorted presence times."""
+    start, earlier_end = times[0], 0.0
+    for previous, current in itertools.pairwise(times):
+        if current - previous > gap_s:
+            start, earlier_end = current, previous
+    return start, earlier_end
 
 
 def recorded_gpus(

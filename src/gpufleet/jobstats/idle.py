@@ -7,19 +7,42 @@ sum of N hourly points (``[N h - 1m : 1h]``, the rules' own convention).
 
 With ``--threshold T``: computed from the per-(job, GPU) utilization series on the shards
 (or the standalone Prometheus): a 5-minute step counts when the GPU's maximum in it stayed
-under T. Costlier, and the global tier cannot answer it (those series are not federated).
+under T. Costlier (its cost grows with the GPUs and the window: a 5-minute subquery over
+every per-(job, GPU) series), so it is asked once, by user and account together, and the
+user and account totals are both summed from that answer (a job's series carries both
+labels); the global tier cannot answer it (those series are not federated).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
 from gpufleet.jobstats.promapi import PromClient, PromError
+from gpufleet.jobstats.report import IDLE_THRESHOLD
 
 DURATION = re.compile(r"^([1-9][0-9]{0,4})([hdw])$")
 HOURS = {"h": 1, "d": 24, "w": 168}
 STEP_MIN = 5
+# The site's idle threshold (prometheus_slurm_idle_gpu_threshold_percent) as the rules
+# record it: the same value SlurmJobGpuIdle and the idle-GPU recording rules use.
+THRESHOLD_SERIES = "gpufleet:slurm_idle_gpu_threshold:percent"
+
+
+def site_threshold(client: PromClient, now: float) -> tuple[float, list[str]]:
+    """(the rules' idle threshold, notes); the shipped default, with a note, when absent.
+
+    ``max``: the global tier holds one federated copy per shard replica, all equal.
+    """
+    samples = client.query(f"max({THRESHOLD_SERIES})", now)
+    values = [s.value for s in samples if math.isfinite(s.value) and 0 <= s.value <= 100]
+    if values:
+        return values[0], []
+    return IDLE_THRESHOLD, [
+        f"{client.url}: no {THRESHOLD_SERIES} (gpufleet-slurm rules older than this "
+        f"gpufleet, or not loaded): the default idle threshold, {IDLE_THRESHOLD:g} %"
+    ]
 
 
 def parse_since(text: str, option: str = "--since") -> int:
@@ -38,12 +61,13 @@ def recorded_expr(prefix: str, key: str, since_s: int) -> str:
     return f"sum by ({key}) (sum_over_time({series}[{since_s - 60}s:1h]))"
 
 
-def raw_expr(key: str, since_s: int, threshold: float) -> str:
+def raw_expr(since_s: int, threshold: float) -> str:
     inner = (
         f"(max_over_time(slurm_job_gpu:gpu_utilization_percent:max[{STEP_MIN}m]) < {threshold:g})"
     )
     return (
-        f"sum by ({key}) (count_over_time({inner}[{since_s}s:{STEP_MIN}m])) * {STEP_MIN / 60:.6g}"
+        f"sum by (user, account) (count_over_time({inner}[{since_s}s:{STEP_MIN}m]))"
+        f" * {STEP_MIN / 60:.6g}"
     )
 
 
@@ -78,10 +102,8 @@ def recorded(client: PromClient, since_s: int, now: float) -> dict[str, dict[str
 def raw(
     client: PromClient, since_s: int, now: float, threshold: float
 ) -> dict[str, dict[str, float]]:
-    return {
-        key: by_key(client.query(raw_expr(key, since_s, threshold), now), key)
-        for key in ("user", "account")
-    }
+    samples = client.query(raw_expr(since_s, threshold), now)
+    return {key: by_key(samples, key) for key in ("user", "account")}
 
 
 def add(parts: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:

@@ -43,6 +43,7 @@ class PromClient:
     url: str
     timeout: float = 30.0
     ca_file: str | None = None
+    ca_data: str | None = None  # PEM, e.g. the inventory's prometheus_tls_ca
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     stats: list[dict[str, Any]] = field(default_factory=list)  # per-query stats, if asked
@@ -61,9 +62,10 @@ class PromClient:
         if not self.url.startswith("https://"):
             return None
         try:
-            return ssl.create_default_context(cafile=self.ca_file)
+            return ssl.create_default_context(cafile=self.ca_file, cadata=self.ca_data)
         except (OSError, ssl.SSLError) as err:
-            raise PromError(f"CA file {self.ca_file}: {err}") from err
+            where = f"CA file {self.ca_file}" if self.ca_file else "the inventory's CA"
+            raise PromError(f"{where}: {one_line(str(err))}") from err
 
     def _get(self, path: str, params: dict[str, str]) -> Any:
         if self.want_stats:

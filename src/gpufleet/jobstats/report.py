@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from gpufleet.jobstats.collect import Figures
@@ -59,6 +60,10 @@ class JobReport:
     sources: list[str] = field(default_factory=list)
 
 
+# What a report repeats of its job's place, as the place has it.
+PLACE_FIELDS = ("job_id", "user", "account", "partition", "cluster", "start", "end")
+
+
 def gpu_stats(place: JobPlace, figures: Figures) -> list[GpuStat]:
     """One entry per GPU the job holds, in node and index order; None where no data."""
     stats = []
@@ -76,16 +81,31 @@ def node_stats(place: JobPlace, figures: Figures) -> list[NodeStat]:
     ]
 
 
-def missing_data(place: JobPlace, gpus: list[GpuStat], nodes: list[NodeStat]) -> list[str]:
-    """One line per hole in the data: what is missing and why it may be."""
+def utc(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(ts))
+
+
+INDICES_UNKNOWN = (
+    "the Slurm exporter reports none for shared GRES or when its series cap is reached"
+)
+
+
+def missing_data(
+    place: JobPlace, gpus: list[GpuStat], nodes: list[NodeStat], why: str = INDICES_UNKNOWN
+) -> list[str]:
+    """One line per hole in the data: what is missing and why it may be (``why``: of GPU
+    indices unknown)."""
     lines = []
+    if place.earlier_run_end:
+        lines.append(
+            f"the job's series stopped at {utc(place.earlier_run_end)} and came back at "
+            f"{utc(place.start)} (a requeue, or the Slurm exporter was down): the figures "
+            "cover the last run only"
+        )
     for node, count in sorted(place.gpus_allocated.items()):
         known = len(place.gpu_indices.get(node, []))
         if known < count:
-            lines.append(
-                f"{node}: {count - known} of {count} GPU indices unknown (the Slurm exporter "
-                "reports none for shared GRES or when its series cap is reached)"
-            )
+            lines.append(f"{node}: {count - known} of {count} GPU indices unknown ({why})")
     no_data = [f"{g.node}:{g.gpu}" for g in gpus if not g.has_data]
     if no_data:
         lines.append(
@@ -175,13 +195,7 @@ def build_report(place: JobPlace, figures: Figures, threshold: float, running: b
     nodes = node_stats(place, figures)
     word, advice = verdict(gpus, threshold)
     return JobReport(
-        job_id=place.job_id,
-        user=place.user,
-        account=place.account,
-        partition=place.partition,
-        cluster=place.cluster,
-        start=place.start,
-        end=place.end,
+        **{name: getattr(place, name) for name in PLACE_FIELDS},
         running=running,
         threshold=threshold,
         gpus=gpus,

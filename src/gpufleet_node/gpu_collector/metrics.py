@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterable
 
 from ..exposition import Family, render
-from .model import FAMILIES, PREFIX, GpuData, Sample
+from .model import FAMILIES, PREFIX, GpuData, Sample, family_type
 from .nvidia import ComputeApp
 from .slurm import JobRef, job_label
 
@@ -86,8 +86,8 @@ def render_metrics(samples: Iterable[Sample]) -> str:
             raise KeyError(f"undeclared metric family {sample.name}")
         family = by_name.get(sample.name)
         if family is None:
-            kind, help_text = FAMILIES[sample.name]
-            family = by_name[sample.name] = Family(PREFIX + sample.name, kind, help_text)
+            family = Family(PREFIX + sample.name, family_type(sample.name), FAMILIES[sample.name])
+            by_name[sample.name] = family
         # one value per series, first wins
         family.samples.setdefault(sample.labels, float(sample.value))
     return render([by_name[name] for name in FAMILIES if name in by_name])

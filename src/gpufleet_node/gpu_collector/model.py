@@ -59,6 +59,7 @@ class CollectorError(Exception):
         self.samples = samples or []
 
 
+# The values of node_gpu_collector_error_info{reason}: docs/gpu-collector.md lists each.
 ERROR_REASONS = (
     "not_found",
     "exec_error",
@@ -74,118 +75,100 @@ ERROR_REASONS = (
     "internal_error",  # a bug in the collector; the log has the exception
 )
 
-# name -> (type, help). Every emitted family must be listed here.
-FAMILIES: dict[str, tuple[str, str]] = {
-    "info": (
-        "gauge",
-        "GPU identity (model, uuid, PCI bus id, driver, VBIOS, device minor); value is 1.",
-    ),
-    "devices": ("gauge", "Number of GPUs the vendor tool reported in this cycle."),
+# name -> help. Every emitted family must be listed here. Its type follows the name
+# (family_type): counters, and only counters, end in _total, as OpenMetrics names them.
+FAMILIES: dict[str, str] = {
+    "info": "GPU identity (model, uuid, PCI bus id, driver, VBIOS, device minor); value is 1.",
+    "devices": "Number of GPUs the vendor tool reported in this cycle.",
     "unreadable_fields": (
-        "gauge",
-        "Queried fields nvidia-smi answered with an error (ERR!, [Unknown Error], "
-        "[GPU is lost]...) or an unparseable value; those series are absent.",
+        "Queried fields nvidia-smi answered with an error (ERR!, [Unknown Error], [GPU is "
+        "lost]...) or an unparseable value; those series are absent."
     ),
-    "expected_devices": ("gauge", "Number of GPUs this node must have, from the inventory."),
-    "memory_total_bytes": ("gauge", "Total framebuffer memory in bytes."),
-    "memory_used_bytes": ("gauge", "Used framebuffer memory in bytes."),
-    "memory_free_bytes": ("gauge", "Free framebuffer memory in bytes."),
-    "memory_reserved_bytes": ("gauge", "Framebuffer memory reserved by the driver in bytes."),
-    "utilization_percent": ("gauge", "GPU utilization (percent of time a kernel ran), 0-100."),
-    "memory_utilization_ratio": ("gauge", "Memory controller busy ratio, 0-1."),
-    "encoder_utilization_ratio": ("gauge", "Video encoder utilization ratio, 0-1."),
-    "decoder_utilization_ratio": ("gauge", "Video decoder utilization ratio, 0-1."),
-    "temperature_celsius": ("gauge", "GPU core (AMD: edge, else hotspot) temperature in celsius."),
-    "memory_temperature_celsius": ("gauge", "GPU memory (HBM) temperature in celsius."),
-    "hotspot_temperature_celsius": ("gauge", "GPU junction/hotspot temperature in celsius."),
+    "expected_devices": "Number of GPUs this node must have, from the inventory.",
+    "memory_total_bytes": "Total framebuffer memory in bytes.",
+    "memory_used_bytes": "Used framebuffer memory in bytes.",
+    "memory_free_bytes": "Free framebuffer memory in bytes.",
+    "memory_reserved_bytes": "Framebuffer memory reserved by the driver in bytes.",
+    "utilization_percent": "GPU utilization (percent of time a kernel ran), 0-100.",
+    "memory_utilization_ratio": "Memory controller busy ratio, 0-1.",
+    "encoder_utilization_ratio": "Video encoder utilization ratio, 0-1.",
+    "decoder_utilization_ratio": "Video decoder utilization ratio, 0-1.",
+    "temperature_celsius": "GPU core (AMD: edge, else hotspot) temperature in celsius.",
+    "memory_temperature_celsius": "GPU memory (HBM) temperature in celsius.",
+    "hotspot_temperature_celsius": "GPU junction/hotspot temperature in celsius.",
     "temperature_tlimit_margin_celsius": (
-        "gauge",
-        "Degrees below the GPU's T.Limit (max operating) temperature; lower is hotter.",
+        "Degrees below the GPU's T.Limit (max operating) temperature; lower is hotter."
     ),
     "temperature_slowdown_threshold_celsius": (
-        "gauge",
-        "Temperature at which the GPU slows down, per sensor, in celsius.",
+        "Temperature at which the GPU slows down, per sensor, in celsius."
     ),
     "temperature_shutdown_threshold_celsius": (
-        "gauge",
-        "Temperature at which the GPU shuts down, per sensor, in celsius.",
+        "Temperature at which the GPU shuts down, per sensor, in celsius."
     ),
-    "power_draw_watts": ("gauge", "Current power draw in watts."),
-    "power_limit_watts": ("gauge", "Software power limit in watts."),
-    "power_enforced_limit_watts": ("gauge", "Power limit actually enforced in watts."),
-    "power_default_limit_watts": ("gauge", "Default power limit in watts."),
-    "power_max_limit_watts": ("gauge", "Maximum settable power limit in watts."),
-    "sm_clock_hertz": ("gauge", "Current SM (AMD: sclk) clock in hertz."),
-    "sm_clock_max_hertz": ("gauge", "Maximum SM clock in hertz."),
-    "graphics_clock_hertz": ("gauge", "Current graphics clock in hertz."),
-    "memory_clock_hertz": ("gauge", "Current memory clock in hertz."),
-    "memory_clock_max_hertz": ("gauge", "Maximum memory clock in hertz."),
-    "pcie_link_generation": ("gauge", "Current PCIe link generation."),
-    "pcie_link_generation_max": ("gauge", "Maximum PCIe link generation of GPU and system."),
-    "pcie_link_width_lanes": ("gauge", "Current PCIe link width in lanes."),
-    "pcie_link_width_max_lanes": ("gauge", "Maximum PCIe link width in lanes."),
-    "fan_speed_ratio": ("gauge", "Intended fan speed as a ratio of maximum, 0-1 (may exceed 1)."),
-    "performance_state": ("gauge", "Performance state number (P0=0 fastest .. P12=12)."),
+    "power_draw_watts": "Current power draw in watts.",
+    "power_limit_watts": "Software power limit in watts.",
+    "power_enforced_limit_watts": "Power limit actually enforced in watts.",
+    "power_default_limit_watts": "Default power limit in watts.",
+    "power_max_limit_watts": "Maximum settable power limit in watts.",
+    "sm_clock_hertz": "Current SM (AMD: sclk) clock in hertz.",
+    "sm_clock_max_hertz": "Maximum SM clock in hertz.",
+    "graphics_clock_hertz": "Current graphics clock in hertz.",
+    "memory_clock_hertz": "Current memory clock in hertz.",
+    "memory_clock_max_hertz": "Maximum memory clock in hertz.",
+    "pcie_link_generation": "Current PCIe link generation.",
+    "pcie_link_generation_max": "Maximum PCIe link generation of GPU and system.",
+    "pcie_link_width_lanes": "Current PCIe link width in lanes.",
+    "pcie_link_width_max_lanes": "Maximum PCIe link width in lanes.",
+    "fan_speed_ratio": "Intended fan speed as a ratio of maximum, 0-1 (may exceed 1).",
+    "performance_state": "Performance state number (P0=0 fastest .. P12=12).",
     "clock_event_reason_active": (
-        "gauge",
-        "1 if this clock event (throttle) reason is active, else 0 (from the bitmask).",
+        "1 if this clock event (throttle) reason is active, else 0 (from the bitmask)."
     ),
     "clock_event_reason_seconds_total": (
-        "counter",
-        "Time this clock event (throttle) reason has been active, in seconds.",
+        "Time this clock event (throttle) reason has been active, in seconds."
     ),
-    "ecc_mode_enabled": ("gauge", "1 if ECC is enabled."),
-    "ecc_mode_pending_enabled": ("gauge", "1 if ECC will be enabled after the next reset."),
+    "ecc_mode_enabled": "1 if ECC is enabled.",
+    "ecc_mode_pending_enabled": "1 if ECC will be enabled after the next reset.",
     "ecc_corrected_errors_total": (
-        "counter",
-        "Corrected ECC errors (scope volatile: since driver load; aggregate: lifetime).",
+        "Corrected ECC errors (scope volatile: since driver load; aggregate: lifetime)."
     ),
     "ecc_uncorrected_errors_total": (
-        "counter",
-        "Uncorrected ECC errors (scope volatile: since driver load; aggregate: lifetime).",
+        "Uncorrected ECC errors (scope volatile: since driver load; aggregate: lifetime)."
     ),
-    "retired_pages": ("gauge", "Retired framebuffer pages by cause (pre-Ampere)."),
-    "retired_pages_pending": ("gauge", "1 if pages are pending retirement at the next reboot."),
-    "remapped_rows": ("gauge", "Remapped memory rows by cause (Ampere and later)."),
-    "remapped_rows_pending": ("gauge", "1 if a row remap is pending (reset the GPU)."),
-    "remapped_rows_failure": ("gauge", "1 if a row remap has failed (replace the GPU)."),
+    "retired_pages": "Retired framebuffer pages by cause (pre-Ampere).",
+    "retired_pages_pending": "1 if pages are pending retirement at the next reboot.",
+    "remapped_rows": "Remapped memory rows by cause (Ampere and later).",
+    "remapped_rows_pending": "1 if a row remap is pending (reset the GPU).",
+    "remapped_rows_failure": "1 if a row remap has failed (replace the GPU).",
     "recovery_action": (
-        "gauge",
-        "Recovery action the driver asks for: 0 none, 1 GPU reset, 2 node reboot, "
-        "3 drain P2P, 4 drain and reset.",
+        "Recovery action the driver asks for: 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, "
+        "4 drain and reset."
     ),
-    "mig_mode_enabled": ("gauge", "1 if MIG mode is enabled."),
-    "mig_mode_pending_enabled": ("gauge", "1 if MIG mode will be enabled after the next reset."),
-    "persistence_mode_enabled": ("gauge", "1 if persistence mode is enabled."),
-    "compute_processes": ("gauge", "Number of compute processes on the GPU."),
-    "compute_processes_used_memory_bytes": (
-        "gauge",
-        "GPU memory used by compute processes in bytes.",
-    ),
+    "mig_mode_enabled": "1 if MIG mode is enabled.",
+    "mig_mode_pending_enabled": "1 if MIG mode will be enabled after the next reset.",
+    "persistence_mode_enabled": "1 if persistence mode is enabled.",
+    "compute_processes": "Number of compute processes on the GPU.",
+    "compute_processes_used_memory_bytes": "GPU memory used by compute processes in bytes.",
     "slurm_job_info": (
-        "gauge",
-        "A Slurm job has a compute process on this GPU (label sluid: Slurm 26.05+ "
-        "job cgroup name); value is 1.",
+        "A Slurm job has a compute process on this GPU (label sluid: Slurm 26.05+ job cgroup "
+        "name); value is 1."
     ),
-    "xid_errors_total": (
-        "counter",
-        "NVIDIA XID errors read from the kernel log, by GPU and XID code.",
-    ),
-    "collector_success": ("gauge", "1 if the last collection succeeded, else 0."),
-    "collector_error_info": ("gauge", "Reason of the last collection failure; value is 1."),
-    "collector_last_success_timestamp_seconds": (
-        "gauge",
-        "Unix time of the last successful collection.",
-    ),
-    "collector_duration_seconds": ("gauge", "Wall time of the last collection in seconds."),
-    "collector_compute_apps_success": ("gauge", "1 if the compute-process query succeeded."),
-    "collector_xid_success": ("gauge", "1 if the kernel log could be read for XID errors."),
+    "xid_errors_total": "NVIDIA XID errors read from the kernel log, by GPU and XID code.",
+    "collector_success": "1 if the last collection succeeded, else 0.",
+    "collector_error_info": "Reason of the last collection failure; value is 1.",
+    "collector_last_success_timestamp_seconds": "Unix time of the last successful collection.",
+    "collector_duration_seconds": "Wall time of the last collection in seconds.",
+    "collector_compute_apps_success": "1 if the compute-process query succeeded.",
+    "collector_xid_success": "1 if the kernel log could be read for XID errors.",
     "collector_skipped_lines": (
-        "gauge",
-        "Lines of nvidia-smi output that were messages, not GPU rows (e.g. a lost GPU).",
+        "Lines of nvidia-smi output that were messages, not GPU rows (e.g. a lost GPU)."
     ),
     "collector_duplicate_gpu_rows": (
-        "gauge",
-        "GPU rows that repeated an earlier row's index (the cycle then fails: duplicate_gpu).",
+        "GPU rows that repeated an earlier row's index (the cycle then fails: duplicate_gpu)."
     ),
 }
+
+
+def family_type(name: str) -> str:
+    """The exposition type of a family in FAMILIES."""
+    return "counter" if name.endswith("_total") else "gauge"

@@ -6,7 +6,7 @@ import csv
 import functools
 import re
 from collections.abc import Callable, Iterable
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from .model import (
     MAX_COMPUTE_APPS,
@@ -27,109 +27,126 @@ from .values import (
     parse_recovery_action,
 )
 
+Parser = Callable[[Optional[str]], Optional[float]]
+
 
 class FieldSpec(NamedTuple):
     fields: tuple[str, ...]  # candidates, first present value wins
     metric: str
-    parse: Callable[[str | None], float | None]
+    parse: Parser
     scale: float = 1.0
     labels: tuple[tuple[str, str], ...] = ()
 
 
-def _n(*fields: str) -> tuple[str, ...]:
-    return fields
+# nvidia-smi reports MiB, MHz and percent; the metric names carry base units.
+UNIT_SCALES = (("_bytes", MIB), ("_hertz", 1e6), ("_ratio", 0.01))
+
+
+def unit_scale(metric: str) -> float:
+    return next((scale for suffix, scale in UNIT_SCALES if metric.endswith(suffix)), 1.0)
+
+
+def _read(parse: Parser, metrics: dict[str, str]) -> tuple[FieldSpec, ...]:
+    """nvidia-smi field -> metric, each value read by parse and scaled to base units."""
+    return tuple(
+        FieldSpec((field,), metric, parse, unit_scale(metric)) for field, metric in metrics.items()
+    )
+
+
+def _by_label(metric: str, label: str, **fields: str) -> tuple[FieldSpec, ...]:
+    """One family read from several fields, one field per value of its label."""
+    return tuple(
+        FieldSpec((field,), metric, parse_number, labels=((label, value),))
+        for value, field in fields.items()
+    )
 
 
 FIELD_SPECS: tuple[FieldSpec, ...] = (
-    FieldSpec(_n("memory.total"), "memory_total_bytes", parse_number, MIB),
-    FieldSpec(_n("memory.used"), "memory_used_bytes", parse_number, MIB),
-    FieldSpec(_n("memory.free"), "memory_free_bytes", parse_number, MIB),
-    FieldSpec(_n("memory.reserved"), "memory_reserved_bytes", parse_number, MIB),
-    FieldSpec(_n("utilization.gpu"), "utilization_percent", parse_number),
-    FieldSpec(_n("utilization.memory"), "memory_utilization_ratio", parse_number, 0.01),
-    FieldSpec(_n("utilization.encoder"), "encoder_utilization_ratio", parse_number, 0.01),
-    FieldSpec(_n("utilization.decoder"), "decoder_utilization_ratio", parse_number, 0.01),
-    FieldSpec(_n("temperature.gpu"), "temperature_celsius", parse_number),
-    FieldSpec(_n("temperature.memory"), "memory_temperature_celsius", parse_number),
-    FieldSpec(_n("temperature.gpu.tlimit"), "temperature_tlimit_margin_celsius", parse_number),
-    FieldSpec(_n("power.draw"), "power_draw_watts", parse_number),
-    FieldSpec(_n("power.limit"), "power_limit_watts", parse_number),
-    FieldSpec(_n("enforced.power.limit"), "power_enforced_limit_watts", parse_number),
-    FieldSpec(_n("power.default_limit"), "power_default_limit_watts", parse_number),
-    FieldSpec(_n("power.max_limit"), "power_max_limit_watts", parse_number),
-    FieldSpec(_n("clocks.current.sm"), "sm_clock_hertz", parse_number, 1e6),
-    FieldSpec(_n("clocks.max.sm"), "sm_clock_max_hertz", parse_number, 1e6),
-    FieldSpec(_n("clocks.current.graphics"), "graphics_clock_hertz", parse_number, 1e6),
-    FieldSpec(_n("clocks.current.memory"), "memory_clock_hertz", parse_number, 1e6),
-    FieldSpec(_n("clocks.max.memory"), "memory_clock_max_hertz", parse_number, 1e6),
+    *_read(
+        parse_number,
+        {
+            "memory.total": "memory_total_bytes",
+            "memory.used": "memory_used_bytes",
+            "memory.free": "memory_free_bytes",
+            "memory.reserved": "memory_reserved_bytes",
+            "utilization.gpu": "utilization_percent",
+            "utilization.memory": "memory_utilization_ratio",
+            "utilization.encoder": "encoder_utilization_ratio",
+            "utilization.decoder": "decoder_utilization_ratio",
+            "temperature.gpu": "temperature_celsius",
+            "temperature.memory": "memory_temperature_celsius",
+            "temperature.gpu.tlimit": "temperature_tlimit_margin_celsius",
+            "power.draw": "power_draw_watts",
+            "power.limit": "power_limit_watts",
+            "enforced.power.limit": "power_enforced_limit_watts",
+            "power.default_limit": "power_default_limit_watts",
+            "power.max_limit": "power_max_limit_watts",
+            "clocks.current.sm": "sm_clock_hertz",
+            "clocks.max.sm": "sm_clock_max_hertz",
+            "clocks.current.graphics": "graphics_clock_hertz",
+            "clocks.current.memory": "memory_clock_hertz",
+            "clocks.max.memory": "memory_clock_max_hertz",
+        },
+    ),
     # gpucurrent replaces the deprecated .current; old drivers only know .current
     FieldSpec(
-        _n("pcie.link.gen.gpucurrent", "pcie.link.gen.current"),
-        "pcie_link_generation",
-        parse_number,
+        ("pcie.link.gen.gpucurrent", "pcie.link.gen.current"), "pcie_link_generation", parse_number
     ),
-    FieldSpec(_n("pcie.link.gen.max"), "pcie_link_generation_max", parse_number),
-    FieldSpec(_n("pcie.link.width.current"), "pcie_link_width_lanes", parse_number),
-    FieldSpec(_n("pcie.link.width.max"), "pcie_link_width_max_lanes", parse_number),
-    FieldSpec(_n("fan.speed"), "fan_speed_ratio", parse_number, 0.01),
-    FieldSpec(_n("pstate"), "performance_state", parse_pstate),
-    FieldSpec(_n("ecc.mode.current"), "ecc_mode_enabled", parse_bool),
-    FieldSpec(_n("ecc.mode.pending"), "ecc_mode_pending_enabled", parse_bool),
-    FieldSpec(
-        _n("ecc.errors.corrected.volatile.total"),
+    *_read(
+        parse_number,
+        {
+            "pcie.link.gen.max": "pcie_link_generation_max",
+            "pcie.link.width.current": "pcie_link_width_lanes",
+            "pcie.link.width.max": "pcie_link_width_max_lanes",
+            "fan.speed": "fan_speed_ratio",
+        },
+    ),
+    *_read(parse_pstate, {"pstate": "performance_state"}),
+    *_read(
+        parse_bool,
+        {"ecc.mode.current": "ecc_mode_enabled", "ecc.mode.pending": "ecc_mode_pending_enabled"},
+    ),
+    *_by_label(
         "ecc_corrected_errors_total",
-        parse_number,
-        labels=(("scope", "volatile"),),
+        "scope",
+        volatile="ecc.errors.corrected.volatile.total",
+        aggregate="ecc.errors.corrected.aggregate.total",
     ),
-    FieldSpec(
-        _n("ecc.errors.corrected.aggregate.total"),
-        "ecc_corrected_errors_total",
-        parse_number,
-        labels=(("scope", "aggregate"),),
-    ),
-    FieldSpec(
-        _n("ecc.errors.uncorrected.volatile.total"),
+    *_by_label(
         "ecc_uncorrected_errors_total",
-        parse_number,
-        labels=(("scope", "volatile"),),
+        "scope",
+        volatile="ecc.errors.uncorrected.volatile.total",
+        aggregate="ecc.errors.uncorrected.aggregate.total",
     ),
-    FieldSpec(
-        _n("ecc.errors.uncorrected.aggregate.total"),
-        "ecc_uncorrected_errors_total",
-        parse_number,
-        labels=(("scope", "aggregate"),),
-    ),
-    FieldSpec(
-        _n("retired_pages.single_bit_ecc.count"),
+    *_by_label(
         "retired_pages",
-        parse_number,
-        labels=(("cause", "single_bit_ecc"),),
+        "cause",
+        single_bit_ecc="retired_pages.single_bit_ecc.count",
+        double_bit_ecc="retired_pages.double_bit.count",
     ),
-    FieldSpec(
-        _n("retired_pages.double_bit.count"),
-        "retired_pages",
-        parse_number,
-        labels=(("cause", "double_bit_ecc"),),
-    ),
-    FieldSpec(_n("retired_pages.pending"), "retired_pages_pending", parse_bool),
-    FieldSpec(
-        _n("remapped_rows.correctable"),
+    *_read(parse_bool, {"retired_pages.pending": "retired_pages_pending"}),
+    *_by_label(
         "remapped_rows",
-        parse_number,
-        labels=(("cause", "correctable"),),
+        "cause",
+        correctable="remapped_rows.correctable",
+        uncorrectable="remapped_rows.uncorrectable",
     ),
-    FieldSpec(
-        _n("remapped_rows.uncorrectable"),
-        "remapped_rows",
-        parse_number,
-        labels=(("cause", "uncorrectable"),),
+    *_read(
+        parse_bool,
+        {
+            "remapped_rows.pending": "remapped_rows_pending",
+            "remapped_rows.failure": "remapped_rows_failure",
+        },
     ),
-    FieldSpec(_n("remapped_rows.pending"), "remapped_rows_pending", parse_bool),
-    FieldSpec(_n("remapped_rows.failure"), "remapped_rows_failure", parse_bool),
-    FieldSpec(_n("gpu_recovery_action"), "recovery_action", parse_recovery_action),
-    FieldSpec(_n("mig.mode.current"), "mig_mode_enabled", parse_bool),
-    FieldSpec(_n("mig.mode.pending"), "mig_mode_pending_enabled", parse_bool),
-    FieldSpec(_n("persistence_mode"), "persistence_mode_enabled", parse_bool),
+    *_read(parse_recovery_action, {"gpu_recovery_action": "recovery_action"}),
+    *_read(
+        parse_bool,
+        {
+            "mig.mode.current": "mig_mode_enabled",
+            "mig.mode.pending": "mig_mode_pending_enabled",
+            "persistence_mode": "persistence_mode_enabled",
+        },
+    ),
 )
 
 # NVML clock event (throttle) reason bits, nvmlClocksEventReason*.

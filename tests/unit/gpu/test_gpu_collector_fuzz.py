@@ -10,7 +10,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
+import re
 import time
+from pathlib import Path
 
 import pytest
 from gpu_helpers import ALL_CAPTURES, FAKE_SMI, gc
@@ -180,3 +182,13 @@ def test_long_numbers_in_amd_json_are_linear():
     (gpu,) = gc.parse_rocm_smi(doc)
     assert gpu.values == []
     assert time.monotonic() - start < 0.5
+
+
+def test_every_error_reason_is_documented():
+    """The reasons a failed cycle can give are the ones docs/gpu-collector.md explains."""
+    docs = Path(__file__).resolve().parents[3] / "docs" / "gpu-collector.md"
+    table = docs.read_text(encoding="utf-8").split("| reason | when |", 1)[1].split("\n\n")[0]
+    documented = set(
+        re.findall(r"`([a-z_]+)`", "".join(row.split("|")[1] for row in table.splitlines()[2:]))
+    )
+    assert documented == set(gc.ERROR_REASONS)

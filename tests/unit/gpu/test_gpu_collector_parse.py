@@ -181,12 +181,16 @@ def test_render_escapes_and_declares_every_family():
         gc.Sample("info", (("gpu", "0"), ("model", 'A "quoted"\\name')), 1.0),
         gc.Sample("power_draw_watts", (("gpu", "0"),), 69.85),
         gc.Sample("memory_total_bytes", (("gpu", "0"),), 81559.0 * MIB),
+        gc.Sample("xid_errors_total", (("gpu", "0"), ("xid", "79")), 2.0),
     ]
     text = gc.render_metrics(samples)
     assert 'model="A \\"quoted\\"\\\\name"' in text
     assert 'node_gpu_power_draw_watts{gpu="0"} 69.85\n' in text
     assert 'node_gpu_memory_total_bytes{gpu="0"} 85520809984\n' in text
     assert "# TYPE node_gpu_power_draw_watts gauge" in text
+    # The type follows the name: _total families are counters, memory_total_bytes is not.
+    assert "# TYPE node_gpu_memory_total_bytes gauge" in text
+    assert "# TYPE node_gpu_xid_errors_total counter" in text
     with pytest.raises(KeyError):
         gc.render_metrics([gc.Sample("not_declared", (), 1.0)])
 

@@ -30,13 +30,24 @@ def sid_binary(package: str, cache: str, name: str) -> Path:
 
 
 @pytest.fixture(scope="session")
-def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Job, Job]]:
+def prometheus_binary() -> Path:
+    return sid_binary("prometheus", "prometheus", "prometheus")
+
+
+@pytest.fixture(scope="session")
+def scenario(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Job, Job]:
+    """(the OpenMetrics file, the finished job, the running job) of the known scenario."""
+    work = tmp_path_factory.mktemp("jobstats-tsdb")
+    job, other = write_series(work / "series.om", time.time())
+    return work / "series.om", job, other
+
+
+@pytest.fixture(scope="session")
+def prom(scenario: tuple[Path, Job, Job]) -> Iterator[tuple[str, Job, Job]]:
     """(URL, the finished job, the running job) of a backfilled Prometheus."""
     promtool = sid_binary("promtool", "promtool", "promtool")
     binary = sid_binary("prometheus", "prometheus", "prometheus")
-    work = tmp_path_factory.mktemp("jobstats-tsdb")
-    now = time.time()
-    job, other = write_series(work / "series.om", now)
-    backfill(promtool, work / "series.om", work / "tsdb", max_block="2h")
-    with prometheus(binary, work / "tsdb") as url:
+    series, job, other = scenario
+    backfill(promtool, series, series.parent / "tsdb", max_block="2h")
+    with prometheus(binary, series.parent / "tsdb") as url:
         yield url, job, other

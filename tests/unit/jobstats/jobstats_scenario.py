@@ -3,7 +3,8 @@
 Job 4242 (alice/physics) held GPUs 0-3 of n1 and 0-1 of n2 for exactly 2 h, ended an hour
 or more ago, with known per-GPU utilization (UTIL; n1:2 and n1:3 idle). Job 4343 (bob/chem)
 runs now on n2's GPUs 2-3. Outside their jobs the GPUs are at 100 %, so a report that reads
-outside the job's span is off by far more than sampling error.
+outside the job's span is off by far more than sampling error. Job 4444 (carol/bio) was
+requeued: its first run held n1:0, its second, after a 10-minute gap, n2:0.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ UTIL = {
 }
 MEM_USED_GIB = {("n1", 0): 30.0, ("n1", 1): 30.0, ("n2", 0): 60.0, ("n2", 1): 10.0}
 CPU = {"n1": 0.25, "n2": 0.5}
+SITE_THRESHOLD = 10.0
 
 
 def build_jobs(now: float) -> tuple[Job, Job, int]:
@@ -35,6 +37,13 @@ def build_jobs(now: float) -> tuple[Job, Job, int]:
     running = Job("4343", "bob", "chem", "gpu", hour - 3600, int(now) // STEP * STEP,
                   {"n2": [2, 3]})  # fmt: skip
     return done, running, hour
+
+
+def requeued_runs(hour: int) -> tuple[Job, Job]:
+    """Job 4444's two runs: n1:0, then (requeued, 10 minutes later) n2:0; both at 100 %."""
+    first = Job("4444", "carol", "bio", "gpu", hour - 3000, hour - 1800, {"n1": [0]})
+    second = Job("4444", "carol", "bio", "gpu", hour - 1200, hour - 600, {"n2": [0]})
+    return first, second
 
 
 def util(job: Job, other: Job, node: str, gpu: int, t: int) -> float:
@@ -48,6 +57,7 @@ def util(job: Job, other: Job, node: str, gpu: int, t: int) -> float:
 
 def write_series(path: Path, now: float) -> tuple[Job, Job]:
     job, other, hour = build_jobs(now)
+    requeued = requeued_runs(hour)
     times = list(range(job.start - 3600, int(now) // STEP * STEP + 1, STEP))
     gpus = [(node, gpu) for node in ("n1", "n2") for gpu in range(4)]
     base = {"cluster": "c1", "gpu_model": "H100", "partition": "gpu", "rack": "r1"}
@@ -83,7 +93,7 @@ def write_series(path: Path, now: float) -> tuple[Job, Job]:
             (labels(**base, node=n), lambda t: 512.0 * GIB) for n in CPU
         ],
         "node:cpus:count": [(labels(**base, node=n), lambda t: 64.0) for n in CPU],
-        **job_families([job, other]),
+        **job_families([job, other, *requeued]),
         "slurm_job_gpu:gpu_utilization_percent:max": [
             (
                 labels(
@@ -97,7 +107,7 @@ def write_series(path: Path, now: float) -> tuple[Job, Job]:
                 ),
                 lambda t, j=j, n=n, g=g: util(job, other, n, g, t) if j.running_at(t) else None,
             )
-            for j in (job, other)
+            for j in (job, other, *requeued)
             for n, indices in j.gpus.items()
             for g in indices
         ],
@@ -110,6 +120,9 @@ def write_series(path: Path, now: float) -> tuple[Job, Job]:
             (labels(account="chem", cluster="c1"), lambda t: 0.0),
         ],
         "cluster:gpu_hours_allocated_idle:sum1h": [(labels(cluster="c1"), idle_hours)],
+        # The site's idle threshold as the rules record it (no labels); not the default 5,
+        # so the reports show that they read it. The idle GPUs are the same under 5 and 10.
+        "gpufleet:slurm_idle_gpu_threshold:percent": [(labels(), lambda t: SITE_THRESHOLD)],
     }
     with path.open("w", encoding="utf-8") as out:
         for name, series in families.items():

@@ -116,8 +116,10 @@ def free_port() -> int:
 
 
 @contextmanager
-def prometheus(binary: Path, tsdb: Path, retention: str = "30d") -> Iterator[str]:
-    """A Prometheus on loopback serving ``tsdb``; yields its URL."""
+def prometheus(
+    binary: Path, tsdb: Path, retention: str = "30d", host: str = "127.0.0.1"
+) -> Iterator[str]:
+    """A Prometheus on loopback (``host``: any of 127.0.0.0/8) serving ``tsdb``; its URL."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="jobstats-prom.") as scratch:
         config = Path(scratch) / "prometheus.yml"
@@ -129,14 +131,14 @@ def prometheus(binary: Path, tsdb: Path, retention: str = "30d") -> Iterator[str
                 f"--config.file={config}",
                 f"--storage.tsdb.path={tsdb}",
                 f"--storage.tsdb.retention.time={retention}",
-                f"--web.listen-address=127.0.0.1:{port}",
+                f"--web.listen-address={host}:{port}",
                 "--query.max-samples=500000000",
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "GOMAXPROCS": os.environ.get("GOMAXPROCS", "2")},
         )
-        url = f"http://127.0.0.1:{port}"
+        url = f"http://{host}:{port}"
         try:
             wait_ready(url, process, log, seconds=120)
             yield url

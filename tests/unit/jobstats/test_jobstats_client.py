@@ -5,6 +5,10 @@ from __future__ import annotations
 import base64
 import http.server
 import json
+import os
+import ssl
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -216,3 +220,102 @@ def test_a_dripping_answer_is_cut_at_the_deadline() -> None:
     with pytest.raises(TimeoutError):
         promapi._read_until(Drip(), start + 0.3)
     assert time.monotonic() - start < 2
+
+
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+         "-nodes", "-days", "1", "-subj", "/CN=mon1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+@pytest.fixture
+def tls_inventory(tmp_path: Path) -> Iterator[Path]:
+    """An HTTPS "Prometheus" with a self-signed certificate on 127.0.0.1, and an inventory
+    whose group_vars give its certificate and gpufleet's password (as the role reads them),
+    and whose host_vars give its port base."""
+    cert, key = self_signed(tmp_path)
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    httpd.mode = "empty"  # type: ignore[attr-defined]
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    inventory = tmp_path / "inv"
+    (inventory / "group_vars" / "all").mkdir(parents=True)
+    (inventory / "host_vars").mkdir()
+    (inventory / "nodes.gpufleet.yml").write_text(
+        """plugin: gpufleet
+cluster: c1
+nodes:
+  - hosts: "n1"
+    address: "10.9.0.1"
+servers:
+  - hosts: "mon1"
+    address: "127.0.0.1"
+monitoring:
+  prometheus_hosts: mon1
+""",
+        encoding="utf-8",
+    )
+    pem = json.dumps(cert.read_text(encoding="utf-8"))
+    (inventory / "group_vars" / "all" / "web.yml").write_text(
+        f"vault_cert: {pem}\n"
+        "prometheus_tls_cert: '{{ vault_cert }}'\n",  # templated, as a vault reference is
+        encoding="utf-8",
+    )
+    (inventory / "group_vars" / "all" / "login.yml").write_text(
+        "prometheus_basic_auth_users: {gpufleet: inv-s3cret, alice: other}\n", encoding="utf-8"
+    )
+    (inventory / "port").write_text(str(httpd.server_address[1]), encoding="utf-8")
+    (inventory / "host_vars" / "mon1.yml").write_text(  # a magic variable in a template
+        "prometheus_port_base: \"{{ lookup('file', inventory_dir ~ '/port') }}\"\n",
+        encoding="utf-8",
+    )
+    SEEN_AUTH.clear()
+    yield inventory
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def logins() -> set[str]:
+    return {base64.b64decode(h.split()[1]).decode() for h in SEEN_AUTH}
+
+
+def test_inventory_tls_and_login_as_the_roles_clients(
+    tls_inventory: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """-i alone: https, the inventory's CA and gpufleet's password, the host's port base."""
+    assert main(["jobstats", "12", "-i", str(tls_inventory)]) == 3  # no such job, no data
+    out, err = capsys.readouterr()
+    assert SEEN_AUTH, err
+    assert logins() == {"gpufleet:inv-s3cret"}
+    assert "cannot connect" not in err and "inv-s3cret" not in out + err
+
+
+def test_inventory_vault(tls_inventory: Path, tmp_path: Path) -> None:
+    """A vaulted password is read with Ansible's configured vault password file; without
+    it, one line that names no secret."""
+    from ansible.constants import DEFAULT_VAULT_ID_MATCH
+    from ansible.parsing.vault import VaultLib, VaultSecret
+
+    login = tls_inventory / "group_vars" / "all" / "login.yml"
+    vault = VaultLib([(DEFAULT_VAULT_ID_MATCH, VaultSecret(b"vault-pw"))])
+    login.write_bytes(vault.encrypt(login.read_text(encoding="utf-8")))
+    (tmp_path / "vault-pass").write_text("vault-pw\n", encoding="utf-8")
+    command = [sys.executable, "-m", "gpufleet", "jobstats", "12", "-i", str(tls_inventory)]
+    env = {**os.environ, "ANSIBLE_VAULT_PASSWORD_FILE": str(tmp_path / "vault-pass")}
+    opened = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert opened.returncode == 3 and logins() == {"gpufleet:inv-s3cret"}, opened.stderr
+    assert opened.stderr.count("\n") == 1, opened.stderr  # the unknown job, no warnings
+    env.pop("ANSIBLE_VAULT_PASSWORD_FILE")
+    SEEN_AUTH.clear()
+    locked = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert locked.returncode == 3 and not SEEN_AUTH
+    assert locked.stderr.count("\n") == 1 and "Traceback" not in locked.stderr, locked.stderr
+    assert "cannot read the Prometheus hosts' TLS and login settings" in locked.stderr
+    assert "inv-s3cret" not in opened.stdout + opened.stderr + locked.stderr

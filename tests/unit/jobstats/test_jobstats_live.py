@@ -6,10 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from jobstats_scenario import CPU, GIB, MEM_USED_GIB, UTIL
-from jobstats_synth import Job, free_port
+from jobstats_scenario import CPU, GIB, MEM_USED_GIB, SITE_THRESHOLD, UTIL, requeued_runs
+from jobstats_synth import Job, free_port, prometheus
 
 from gpufleet.cli import main
+from gpufleet.jobstats.discover import find_job
+from gpufleet.jobstats.promapi import PromClient
 
 Prom = tuple[str, Job, Job]
 
@@ -45,9 +47,19 @@ def test_job_report_matches_the_known_load(prom: Prom, capsys: pytest.CaptureFix
         assert nodes[node]["cpus"] == 64
     assert nodes["n1"]["gpus_allocated"] == 4
     assert report["verdict"] == "idle GPUs"
-    assert "n1: GPUs 2-3 stayed under 5 % utilization for the whole run" in report["advice"]
+    # the threshold is the site's, read from the rules' series (10), not the shipped 5
+    assert report["threshold"] == SITE_THRESHOLD and err == ""
+    assert "n1: GPUs 2-3 stayed under 10 % utilization for the whole run" in report["advice"]
     assert "request 4 GPUs instead of 6" in report["advice"]
     assert report["missing"] == []
+
+
+def test_the_span_ends_at_the_last_sample_between_whole_minutes(prom: Prom) -> None:
+    """Seen 10 s after its sample at end - 30 (the scenario's step is 30 s), the job's last
+    whole-minute step is end - 60: its span still ends at the last sample (a running job,
+    or one that just ended, as when the epilog stores its summary)."""
+    url, job, _ = prom
+    assert find_job(PromClient(url), job.job_id, 30 * 86400, job.end - 10).end == job.end - 30
 
 
 def test_text_report_has_bars_and_advice(prom: Prom, capsys: pytest.CaptureFixture[str]) -> None:
@@ -67,6 +79,21 @@ def test_running_job(prom: Prom, capsys: pytest.CaptureFixture[str]) -> None:
     assert report["running"] is True
     assert report["verdict"] == "good"
     assert [g["util_mean"] for g in report["gpus"]] == [70.0, 70.0]
+
+
+def test_requeued_job_reports_its_last_run(prom: Prom, capsys: pytest.CaptureFixture[str]) -> None:
+    url, job, _ = prom
+    _, second = requeued_runs(job.end + 3600)
+    code, out, err = run(capsys, "jobstats", second.job_id, "--prometheus", url, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert [(g["node"], g["gpu"]) for g in report["gpus"]] == [("n2", "0")]
+    assert [n["node"] for n in report["nodes"]] == ["n2"]
+    assert report["start"] == pytest.approx(second.start, abs=60)
+    assert report["end"] == second.end
+    assert report["gpus"][0]["util_mean"] == pytest.approx(100.0)
+    [gap] = report["missing"]
+    assert "came back" in gap and "the figures cover the last run only" in gap
 
 
 def test_unknown_job_is_one_line(prom: Prom, capsys: pytest.CaptureFixture[str]) -> None:
@@ -90,6 +117,7 @@ def test_idle_report_from_the_recording_rules(
     code, out, err = run(capsys, "report", "idle", "--since", "24h", "--prometheus", url, "--json")
     assert code == 0, err
     result = json.loads(out)
+    assert result["threshold"] == SITE_THRESHOLD and err == ""
     # job 4242: 2 idle GPUs for 2 h; bob's hours record 0 and are left out
     assert result["by_user"] == [{"user": "alice", "gpu_hours": pytest.approx(4.0, abs=0.01)}]
     assert result["by_account"] == [
@@ -110,15 +138,10 @@ def test_idle_report_with_a_threshold(
     assert by_user == {"alice": pytest.approx(hours, abs=0.35)}
 
 
-def test_shard_down_from_the_inventory(
-    prom: Prom, capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
-    """shard-0 is the live Prometheus, shard-1 points at a closed port: the report comes
-    with one line naming the shard that is down, and a non-zero exit."""
-    url, job, _ = prom
-    port = int(url.rsplit(":", 1)[1])
-    nodes = tmp_path / "nodes.gpufleet.yml"
-    nodes.write_text(
+def write_node_list(directory: Path, port_bases: tuple[int, int], monitoring: str) -> None:
+    """A node list of the scenario's nodes and two Prometheus hosts, mon1 on 127.0.0.1 and
+    mon2 on 127.0.0.2, with these port bases; ``monitoring``: its monitoring keys."""
+    (directory / "nodes.gpufleet.yml").write_text(
         f"""plugin: gpufleet
 cluster: c1
 nodes:
@@ -128,19 +151,45 @@ nodes:
 servers:
   - hosts: mon1
     address: 127.0.0.1
-    vars: {{prometheus_port_base: {port - 1}}}
+    vars: {{prometheus_port_base: {port_bases[0]}}}
   - hosts: mon2
     address: 127.0.0.2
-    vars: {{prometheus_port_base: {free_port() - 2}}}
+    vars: {{prometheus_port_base: {port_bases[1]}}}
 monitoring:
-  shards: 2
-  prometheus_hosts: "mon[1-2]"
-  global_hosts: mon1
-""",
+{monitoring}""",
         encoding="utf-8",
     )
+
+
+def test_shard_down_from_the_inventory(
+    prom: Prom, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """shard-0 is the live Prometheus, shard-1 points at a closed port: the report comes
+    with one line naming the shard that is down, and a non-zero exit."""
+    url, job, _ = prom
+    port = int(url.rsplit(":", 1)[1])
+    monitoring = '  shards: 2\n  prometheus_hosts: "mon[1-2]"\n  global_hosts: mon1\n'
+    write_node_list(tmp_path, (port - 1, free_port() - 2), monitoring)
     code, out, err = run(capsys, "jobstats", job.job_id, "-i", str(tmp_path), "--json")
-    assert code == 3
+    assert code == 3, err
+    assert out, err
     assert json.loads(out)["verdict"] == "idle GPUs"
     assert err.startswith("gpufleet jobstats: shard-1: no replica answers: http://127.0.0.2:")
     assert err.count("\n") == 1
+
+
+def test_a_replica_with_an_empty_tsdb_does_not_hide_the_job(
+    prom: Prom, capsys: pytest.CaptureFixture[str], tmp_path: Path, prometheus_binary: Path
+) -> None:
+    """Two replicas of a standalone Prometheus; the first answers from an empty TSDB (as one
+    restarted without its data would): the report comes from the one that holds the job."""
+    url, job, _ = prom
+    with prometheus(prometheus_binary, tmp_path / "empty-tsdb", host="127.0.0.2") as empty:
+        # mon2 (127.0.0.2) is the first replica in the role's order: mon[1-2] swapped.
+        port_bases = (int(url.rsplit(":", 1)[1]), int(empty.rsplit(":", 1)[1]))
+        write_node_list(tmp_path, port_bases, "  prometheus_hosts: [mon2, mon1]\n  replicas: 2\n")
+        code, out, err = run(capsys, "jobstats", job.job_id, "-i", str(tmp_path), "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["sources"] == [url]
+    assert report["verdict"] == "idle GPUs"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpufleet.cli import main
@@ -13,7 +15,16 @@ from gpufleet.jobstats.discover import (
     node_regex,
     nvml_indices,
 )
-from gpufleet.jobstats.idle import add, parse_since, raw_expr, recorded_expr, rows
+from gpufleet.jobstats.idle import (
+    THRESHOLD_SERIES,
+    add,
+    parse_since,
+    raw_expr,
+    recorded_expr,
+    rows,
+    site_threshold,
+)
+from gpufleet.jobstats.promapi import Sample
 from gpufleet.jobstats.render import bar, clean, duration
 from gpufleet.jobstats.report import GpuStat, build_report, mean_utilization, ranges, verdict
 
@@ -201,7 +212,10 @@ def test_idle_queries_follow_the_rules_convention() -> None:
         "sum by (user) (sum_over_time(global_slurm_user:gpu_hours_allocated_idle:sum1h"
         "[604740s:1h]))"
     )
-    assert "< 7.5)[86400s:5m]" in raw_expr("account", 86400, 7.5)
+    assert raw_expr(86400, 7.5) == (
+        "sum by (user, account) (count_over_time((max_over_time("
+        "slurm_job_gpu:gpu_utilization_percent:max[5m]) < 7.5)[86400s:5m])) * 0.0833333"
+    )
 
 
 def test_idle_rows_add_shards_and_sort() -> None:
@@ -226,7 +240,6 @@ def test_render_helpers() -> None:
         ["jobstats", "1", "--prometheus", "http://x", "--threshold", "101"],
         ["report", "idle", "--prometheus", "http://x", "--threshold", "-1"],
         ["report", "idle", "--prometheus", "http://x", "--timeout", "0"],
-        ["jobstats", "1"],  # no source
         ["jobstats", "1", "--prometheus", "http://x", "-i", "inv"],  # two sources
     ],
 )
@@ -237,8 +250,48 @@ def test_bad_arguments_refused(argv: list[str], capsys: pytest.CaptureFixture[st
     assert "error:" in capsys.readouterr().err
 
 
+def test_no_source_without_sacct(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Without --prometheus/-i the stored summary is read with sacct; none here."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert main(["jobstats", "1"]) == 2
+    assert capsys.readouterr().err == (
+        "gpufleet jobstats: give --prometheus URL, -i INVENTORY or --summary FILE\n"
+    )
+
+
+def test_summary_file_excludes_prometheus(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["jobstats", "1", "--summary", "f", "--prometheus", "http://x"]) == 2
+    assert "--summary reads no Prometheus" in capsys.readouterr().err
+
+
 def test_bad_lookback_names_its_option(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["jobstats", "1", "--prometheus", "http://x", "--lookback", "3x"]) == 2
     assert capsys.readouterr().err == (
         "gpufleet jobstats: --lookback '3x': use whole hours, days or weeks (24h, 7d, 2w)\n"
     )
+
+
+class ThresholdStub:
+    """A Prometheus holding the rules' threshold series (or not)."""
+
+    url = "http://prom:9090"
+
+    def __init__(self, samples: list[Sample]) -> None:
+        self.samples = samples
+
+    def query(self, expr: str, at: float | None = None) -> list[Sample]:
+        assert expr == f"max({THRESHOLD_SERIES})"
+        return self.samples
+
+
+def test_site_threshold_from_the_rules_else_5_with_a_note() -> None:
+    assert site_threshold(ThresholdStub([Sample({}, 12.5)]), 0.0) == (12.5, [])  # type: ignore[arg-type]
+    for samples in ([], [Sample({}, float("nan"))], [Sample({}, 250.0)]):
+        value, notes = site_threshold(ThresholdStub(samples), 0.0)  # type: ignore[arg-type]
+        assert value == 5.0
+        assert notes == [
+            f"http://prom:9090: no {THRESHOLD_SERIES} (gpufleet-slurm rules older than this "
+            "gpufleet, or not loaded): the default idle threshold, 5 %"
+        ]

@@ -8,7 +8,7 @@ from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models import dashboard as dm
 
 from .panels import Item, Panel
-from .queries import CL, PART, PROM
+from .queries import CL, IDLE_THRESHOLD, PART, PROM
 
 SCHEMA_VERSION = 42  # Grafana 12.2 - 13.x classic dashboard model
 Variable = db.QueryVariable | db.DatasourceVariable | db.TextBoxVariable | db.ConstantVariable
@@ -65,6 +65,16 @@ def var_query(
     if include_all:
         var.all_value(".*").current(dm.VariableOption(text=["All"], value=["$__all"]))
     return var
+
+
+def var_idle_threshold() -> db.QueryVariable:
+    """The idle threshold for panel titles (hidden): query_result's "{} 5 <ms>" -> 5."""
+    query = f"query_result({IDLE_THRESHOLD})"
+    var = var_query(
+        "idle_threshold", "Idle threshold (%)", query, multi=False, include_all=False,
+        regex="/ ([0-9.]+) [0-9]+$/",
+    )  # fmt: skip
+    return var.hide(dm.VariableHide.HIDE_VARIABLE)
 
 
 def var_textbox(name: str, label: str) -> db.TextBoxVariable:

@@ -27,6 +27,10 @@ GPU_SEL = f'{NODE_SEL}, gpu=~"${{gpu}}"'
 # Slurm job series carry the job's own partition (one value).
 JOB_SEL = f'{CL}, partition=~"${{partition}}"'
 
+# The site's idle-GPU threshold (%) as the Slurm rules record it: the global tier holds one
+# copy per shard replica (max); the shipped 5 where the rules predate the series.
+IDLE_THRESHOLD = "(max(gpufleet:slurm_idle_gpu_threshold:percent) or vector(5))"
+
 # Recording-rule rollups the global tier federates from both replicas of every shard
 # (docs/alerts.md, "Federation"): `max without (replica)` folds the two copies into one
 # and is a no-op on a shard or a standalone Prometheus, so one query serves all tiers.

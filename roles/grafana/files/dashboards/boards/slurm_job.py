@@ -7,9 +7,17 @@ from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models import dashboard as dm
 
 from . import panels
-from .frame import Variable, dashboard, section, var_loki, var_prometheus, var_query
+from .frame import (
+    Variable,
+    dashboard,
+    section,
+    var_idle_threshold,
+    var_loki,
+    var_prometheus,
+    var_query,
+)
 from .panels import Item, Panel
-from .queries import CL, PROM, loki_target, table_target, target
+from .queries import CL, IDLE_THRESHOLD, PROM, loki_target, table_target, target
 
 JOB = f'{CL}, job_id="${{job_id}}"'
 # The job's (node, GPU) pairs, GPUs named by the collector's/dcgm-exporter's `gpu` label:
@@ -67,6 +75,7 @@ def _variables() -> list[Variable]:
         var_query("cluster", "Cluster", "label_values(node:up:max, cluster)", multi=False),
         var_query("job_id", "Job", jobs, multi=False, include_all=False),
         var_job_nodes(),
+        var_idle_threshold(),
     ]
 
 
@@ -83,7 +92,7 @@ def _summary() -> list[Panel]:
         .span(5)
         .height(4),
         panels.stat(
-            "Idle GPUs (30 min)",
+            "Idle GPUs (under ${idle_threshold} %)",
             [target(idle)],
             steps=panels.thresholds((None, "green"), (1, "orange")),
         )
@@ -99,7 +108,14 @@ def _gpus() -> list[Panel]:
     limit = target(f"max({on_job_gpus('gpu:power_limit_watts:max')})", "power limit", "B")
     utilization = target(f"slurm_job_gpu:gpu_utilization_percent:max{{{JOB}}}", PER_GPU)
     return [
-        panels.timeseries("GPU utilization per GPU", [utilization], "percent", minmax=(0, 100)),
+        panels.with_limit(
+            "GPU utilization per GPU",
+            [utilization],
+            target(IDLE_THRESHOLD, "idle threshold", "B"),
+            "percent",
+            color="orange",
+            minmax=(0, 100),
+        ),
         panels.with_limit("GPU memory used per GPU", [used], size, "bytes"),
         panels.with_limit("GPU power per GPU", [power], limit, "watt"),
     ]
@@ -117,11 +133,14 @@ def _nodes() -> list[Panel]:
 
 
 def _logs() -> list[Item]:
-    # slurmd and slurmctld name a job as JobId=N, job N, StepId=N.x or job_N (cgroups).
-    selector = f'{CL}, node=~"${{job_nodes}}", source=~"slurmd|slurmctld"'
-    names = "(?i)(jobid[= ]|job[ _]|stepid=)${job_id}([^0-9]|$)"
-    query = f'{{{selector}}} |~ "{names}"'
-    lines = panels.logs("Slurm daemon lines naming the job", [loki_target(query)], size=(24, 10))
+    # slurmd and slurmctld name a job as JobId=N, job N, StepId=N.x, job_N (cgroups) or, in
+    # slurmstepd's lines, [N.batch] / [N.0]. slurmctld runs on the controller, which is not
+    # among the job's nodes: its lines are a second query.
+    names = "(?i)(jobid[= ]|job[ _]|stepid=|\\\\[)${job_id}([^0-9]|$)"
+    nodes = f'{{{CL}, node=~"${{job_nodes}}", source="slurmd"}} |~ "{names}"'
+    controller = f'{{{CL}, source="slurmctld"}} |~ "{names}"'
+    queries = [loki_target(nodes, "A"), loki_target(controller, "B")]
+    lines = panels.logs("Slurm daemon lines naming the job", queries, size=(24, 10))
     return section("Logs", [lines])
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from grafana_foundation_sdk.models import dashboard as dm
 
 from . import panels
-from .frame import common_variables, dashboard, section
+from .frame import common_variables, dashboard, section, var_idle_threshold
 from .panels import Item, Panel
-from .queries import CL, JOB_SEL, NO_REPLICA, table_target, target
+from .queries import CL, IDLE_THRESHOLD, JOB_SEL, NO_REPLICA, table_target, target
 
 J, C = JOB_SEL, CL
 JOB_LABELS = "job_id, user, account, partition"
@@ -54,8 +54,11 @@ def _totals() -> list[Panel]:
             "percent",
             steps=panels.thresholds((None, "red"), (30, "yellow"), (70, "green")),
         ),
-        panels.stat("Allocated idle GPUs", [target(idle)], steps=some),
-        panels.stat("Idle allocated GPU-hours (last hour)", [target(idle_hours)]),
+        panels.stat("Allocated idle GPUs (under ${idle_threshold} %)", [target(idle)], steps=some),
+        panels.stat(
+            "Idle allocated GPU-hours (under ${idle_threshold} %, last hour)",
+            [target(idle_hours)],
+        ),
     ]
     return [p.span(4).height(4) for p in stats]
 
@@ -93,10 +96,12 @@ def _per_owner() -> list[Panel]:
         f"sum by (account) ({NO_REPLICA}(slurm_account:gpu_hours_allocated_idle:sum1h{{{C}}}))"
     )
     return [
-        panels.timeseries(
+        panels.with_limit(
             "GPU utilization per job (top 20)",
             [target(top_jobs, "{{job_id}} ({{user}})")],
+            target(IDLE_THRESHOLD, "idle threshold", "B"),
             "percent",
+            color="orange",
             minmax=(0, 100),
             links=[panels.JOB_SERIES_LINK],
         ),
@@ -105,8 +110,18 @@ def _per_owner() -> list[Panel]:
         utilization_per("account", "slurm_account", C),
         stacked("GPUs allocated per partition", per_partition, "{{partition}}"),
         utilization_per("partition", "partition", J),
-        stacked("Idle allocated GPUs per user", idle_users, "{{user}}", bars=True, fill=80),
-        stacked("Idle allocated GPU-hours per account (hourly)", idle_hours, "{{account}}"),
+        stacked(
+            "Idle allocated GPUs per user (under ${idle_threshold} %)",
+            idle_users,
+            "{{user}}",
+            bars=True,
+            fill=80,
+        ),
+        stacked(
+            "Idle allocated GPU-hours per account (under ${idle_threshold} %, hourly)",
+            idle_hours,
+            "{{account}}",
+        ),
     ]
 
 
@@ -164,6 +179,6 @@ def build() -> dm.Dashboard:
         "Slurm jobs",
         DESCRIPTION,
         rows,
-        common_variables(),
+        [*common_variables(), var_idle_threshold()],
         tags=["slurm"],
     )

@@ -1,7 +1,8 @@
 """The idle-GPU threshold and duration of gpufleet-slurm.rules.yml, set per site.
 
 The rules file stays a static file with the defaults (5 %, 30m), so promtool checks and
-tests it as shipped; the role substitutes the two parameters in the idle rules only. Each
+tests it as shipped; the role substitutes the two parameters in the idle rules and the
+threshold's own recording rule only. Each
 place must be found exactly once: a rule edited elsewhere fails the play, not silently
 keeps the default.
 """
@@ -27,6 +28,10 @@ _PLACES = (
         "        for: {duration}\n",
     ),
     ("below 5 % utilization for 30 minutes", "below {threshold} % utilization for {words}"),
+    (
+        "record: gpufleet:slurm_idle_gpu_threshold:percent\n        expr: vector(5)\n",
+        "record: gpufleet:slurm_idle_gpu_threshold:percent\n        expr: vector({threshold})\n",
+    ),
 )
 
 

@@ -1,0 +1,174 @@
+"""The two real jobs end to end (converge.yml, prepare.yml): the idle-GPU alert while they
+run.
+
+Two real jobs of two users: alice's on gpufleet-slurm-gpu1, whose nvidia-smi double
+serves its load capture (100 % on every GPU), and bob's on gpufleet-slurm-gpu2, whose
+double serves its idle capture (0 %); the double answers per node, not per GPU index.
+The controller's Prometheus joins the Slurm exporter's job GPUs to the collector's
+utilization; after the 1m idle duration the alert fires for bob's job only, and
+Alertmanager mails bob@example.org once (the owner template) and sends the admins one
+digest. This file runs before test_slurm_exporter.py, on an empty cluster, so the
+digest group is new (its interval is an hour) and no earlier idle job has mailed.
+
+The jobs' stored summaries (EpilogSlurmctld, wired in converge.yml) are not checked here:
+the epilog stores them in slurmdbd's record (sacctmgr), and this test bed has no slurmdbd.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import urllib.parse
+import urllib.request
+
+import pytest
+from testbed_helpers import eventually, host_address
+
+testinfra_hosts = ["gpufleet-slurmctl"]
+
+PROMETHEUS = "http://127.0.0.1:9090"
+ALERTMANAGER = "http://127.0.0.1:9093"
+# prepare.yml's sinks.
+MAILS = "/var/log/gpufleet-test-mail.jsonl"
+DIGESTS = "/var/log/gpufleet-test-webhook.jsonl"
+CONF = "/etc/fake-nvidia-smi.conf"
+APPS = "/run/fake-nvidia-smi/apps"
+BUSY_NODE, IDLE_NODE = "gpufleet-slurm-gpu1", "gpufleet-slurm-gpu2"
+JOB = "srun /usr/local/bin/gpufleet-test-gpu-job 900"
+# converge.yml: 1m idle duration, 3 s scrape and evaluation, 5 s collectors; the
+# alert fires at about 70 s after the jobs start and Alertmanager waits 1 s.
+FIRES_WITHIN = 150
+
+
+def query(ctl, promql: str, at: float | None = None) -> list[dict]:
+    """An instant query, from here: the figures take dozens, one command on a host each."""
+    params = {"query": promql} | ({"time": str(at)} if at is not None else {})
+    url = f"http://{host_address(ctl)}:9090/api/v1/query?{urllib.parse.urlencode(params)}"
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return json.load(answer)["data"]["result"]
+
+
+def log_lines(ctl, path: str) -> list[dict]:
+    text = ctl.run(f"cat {path}").stdout  # absent until the first delivery
+    lines = [line for line in text.splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            if number < len(lines):
+                raise
+            # The sink may be writing the last line (a mail is 10 KB): the next read has it.
+    return records
+
+
+def submit(ctl, user: str, account: str, node: str) -> str:
+    cmd = ["sbatch", "--parsable", "--chdir=/tmp", "-o", "/dev/null", "-J", "gpufleet-idle",
+           f"--account={account}", "-p", "gpu", "-w", node, "--gres=gpu:a100:2",
+           "--wrap", JOB]  # fmt: skip
+    return ctl.check_output(f"runuser -u {user} -- {shlex.join(cmd)}").split(";")[0]
+
+
+def set_state(node, state: str) -> None:
+    node.check_output(f"sed -i 's/^STATE=.*/STATE={state}/' {CONF}")
+
+
+def active(ctl, states: str = "PD,R,CG") -> set[str]:
+    return set(ctl.check_output(f"squeue -h -t {states} -o %A").split())
+
+
+def end_jobs(ctl, jobs) -> None:
+    if jobs:
+        ctl.run(f"scancel {' '.join(jobs)}")
+        assert eventually(lambda: not active(ctl) & set(jobs), 60), "the test jobs did not end"
+
+
+def node_utilization(ctl, node: str) -> list[float]:
+    found = query(ctl, f'gpu:utilization_percent:max{{node="{node}"}}')
+    return sorted(float(series["value"][1]) for series in found)
+
+
+@pytest.fixture(scope="module")
+def jobs(ctl, gpu_nodes):
+    """alice's busy job and bob's idle one, running; cancelled, the doubles reset, after."""
+    assert eventually(lambda: ctl.run(f"curl -fsS {PROMETHEUS}/-/ready").rc == 0, 60)
+    set_state(gpu_nodes[BUSY_NODE], "load")
+    submitted: list[str] = []
+    try:
+        # The double's load reaches Prometheus before the job starts, so the busy job's
+        # whole span is at load and its figures are the double's, not a mix.
+        loaded = eventually(lambda: node_utilization(ctl, BUSY_NODE) == [100.0] * 4, 30)
+        assert loaded, node_utilization(ctl, BUSY_NODE)
+        submitted.append(submit(ctl, "alice", "physics", BUSY_NODE))
+        submitted.append(submit(ctl, "bob", "chem", IDLE_NODE))
+        running = eventually(lambda: active(ctl, "R") >= set(submitted), 60)
+        assert running, ctl.check_output("squeue")
+        yield tuple(submitted)
+    finally:
+        try:
+            end_jobs(ctl, submitted)
+        finally:
+            set_state(gpu_nodes[BUSY_NODE], "idle")
+            for node in gpu_nodes.values():
+                node.check_output(f": > {APPS}")
+
+
+def test_idle_job_alerts_its_owner_once_and_the_admins_in_one_digest(ctl, jobs):
+    busy, idle = jobs
+    assert eventually(lambda: ctl.run(f"curl -fsS {ALERTMANAGER}/-/ready").rc == 0, 60)
+    # Nothing was delivered before: the jobs are the first of the cluster.
+    mails_before, digests_before = len(log_lines(ctl, MAILS)), len(log_lines(ctl, DIGESTS))
+
+    # Prometheus sees each job's own two GPUs at the double's load: the join of
+    # Slurm's GPU index to the device works, so the alert below is not vacuous.
+    def per_job() -> dict[str, list[float]] | None:
+        found: dict[str, list[float]] = {}
+        for series in query(ctl, "slurm_job_gpu:gpu_utilization_percent:max"):
+            found.setdefault(series["metric"]["job_id"], []).append(float(series["value"][1]))
+        want = {busy: [100.0, 100.0], idle: [0.0, 0.0]}
+        return found if {k: sorted(v) for k, v in found.items()} == want else None
+
+    assert eventually(per_job, 60, interval=2), query(
+        ctl, "slurm_job_gpu:gpu_utilization_percent:max"
+    )
+
+    def delivered() -> tuple[list[dict], list[dict]] | None:
+        mails, digests = (
+            log_lines(ctl, MAILS)[mails_before:],
+            log_lines(ctl, DIGESTS)[digests_before:],
+        )
+        return (mails, digests) if mails and digests else None
+
+    assert eventually(delivered, FIRES_WITHIN, interval=2), "no owner mail or digest"
+    firing = [
+        alert
+        for alert in json.loads(ctl.check_output(f"curl -fsS {PROMETHEUS}/api/v1/alerts"))["data"][
+            "alerts"
+        ]
+        if alert["labels"]["alertname"] == "SlurmJobGpuIdle"
+    ]
+    assert len(firing) == 1, firing
+    (alert,) = firing
+    assert alert["state"] == "firing"
+    labels = alert["labels"]
+    assert (labels["job_id"], labels["user"], labels["account"], labels["partition"]) == (
+        idle, "bob", "chem", "gpu",
+    )  # fmt: skip
+    assert labels["node"] == IDLE_NODE
+    assert float(alert["value"]) == 2  # both GPUs of the job
+
+    # Duplicates would come in the same flush or at the next evaluations.
+    ctl.run("sleep 10")
+    mails, digests = delivered() or ([], [])
+    assert [mail["rcpt"] for mail in mails] == [["<bob@example.org>"]], mails
+    # Subject: [FIRING:1] <group labels by name: alertname cluster user> (<the alerts' other
+    # common labels by name: account job_id node partition severity>): one mail per user.
+    subject = re.search(r"^Subject: (.*(?:\n[ \t].*)*)", mails[0]["data"], re.MULTILINE)
+    assert subject, mails[0]["data"][:2000]
+    assert re.search(rf"SlurmJobGpuIdle\s+slurmlab\s+bob\s+\(chem\s+{idle}\s", subject.group(1))
+    (digest,) = digests
+    payload = digest["payload"]
+    assert payload["groupLabels"] == {"alertname": "SlurmJobGpuIdle", "cluster": "slurmlab"}
+    assert [a["labels"]["job_id"] for a in payload["alerts"]] == [idle]
+    assert payload["alerts"][0]["labels"]["user"] == "bob"

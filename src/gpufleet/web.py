@@ -1,0 +1,66 @@
+"""How gpufleet's own clients reach a service behind its web configuration.
+
+A service that serves HTTP (Prometheus, Alertmanager) reads the exporter-toolkit web
+configuration that the `web_config` role renders from `<service>_tls_cert`,
+`<service>_tls_ca` and `<service>_basic_auth_users`. The clients gpufleet configures (the
+global tier's federation, Prometheus sending alerts, Grafana's datasources, through the
+filter gpufleet_web_client) and ``gpufleet jobstats`` take their scheme, CA and login from
+the same variables of the servers' hosts, so they can never disagree with what the servers
+serve.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+# The basic auth user gpufleet's own clients log in as (the users a site adds for its
+# people stay theirs).
+CLIENT_USER = "gpufleet"
+
+
+def _settings(host: Mapping[str, Any], service: str) -> tuple[str, str, str]:
+    """(scheme, CA, gpufleet's password or "") of one host of service."""
+    cert = str(host.get(f"{service}_tls_cert") or "")
+    ca = str(host.get(f"{service}_tls_ca") or "") or cert
+    users = host.get(f"{service}_basic_auth_users") or {}
+    if not isinstance(users, Mapping):
+        raise ValueError(f"{service}_basic_auth_users must be a mapping of user to password")
+    password = str(users.get(CLIENT_USER) or "")
+    if users and not password:
+        raise ValueError(
+            f"{service}_basic_auth_users has no user {CLIENT_USER!r}: gpufleet's own clients "
+            f"(federation, alert delivery, Grafana) log in as {CLIENT_USER!r}; add it"
+        )
+    return ("https" if cert else "http", ca if cert else "", password)
+
+
+def web_client(
+    hostnames: Iterable[str], hostvars: Mapping[str, Any], service: str
+) -> dict[str, str]:
+    """{"scheme", "ca", "username", "password"} for clients of service on hostnames.
+
+    One scrape job or datasource reaches every host of a service with one setting, so
+    the hosts must agree: a host whose scheme, CA or gpufleet password differs from the
+    others' is refused, naming it. "ca" is the PEM that verifies the servers (their
+    `<service>_tls_ca`, or the certificate itself when it is self-signed and no CA is
+    given); "username" and "password" are empty when the servers ask for no login.
+    """
+    names = sorted(set(hostnames or []))
+    if not names:
+        return {"scheme": "http", "ca": "", "username": "", "password": ""}
+    first = _settings(hostvars[names[0]], service)
+    for name in names[1:]:
+        if _settings(hostvars[name], service) != first:
+            raise ValueError(
+                f"{name}: {service}_tls_cert/_tls_ca/_basic_auth_users give another scheme, CA or "
+                f"{CLIENT_USER!r} password than {names[0]}; every {service} host must share them "
+                "(one scrape job or datasource reaches them all)"
+            )
+    scheme, ca, password = first
+    return {
+        "scheme": scheme,
+        "ca": ca,
+        "username": CLIENT_USER if password else "",
+        "password": password,
+    }

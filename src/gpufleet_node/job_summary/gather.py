@@ -1,0 +1,178 @@
+"""A finished job's figures from the Prometheus instances that hold its series.
+
+The same queries as ``gpufleet jobstats`` (src/gpufleet/jobstats/discover.py and
+collect.py), which the summary must reproduce: the job's nodes, owner and span from the
+Slurm exporter's ``slurm_job_gpus_allocated``; its GPUs (NVML index) from the recorded
+``slurm_job_gpu:gpu_utilization_percent:max``, else Slurm's index through the nodes'
+device minors; then one instant query per figure over the job's span on the ``gpu:*``
+and ``node:*`` recording rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Callable
+
+from gpufleet_node.job_summary.prom import PromClient, PromError
+from gpufleet_node.job_summary.summary import (
+    MAX_GPUS_PER_NODE,
+    SAFE_GPU,
+    SAFE_NODE,
+    Summary,
+)
+
+SPAN_STEP_S = 60
+# The span's subquery steps fall on whole minutes, so right after a job ends (when the
+# epilog runs) its last samples are past the last step: they are found at a 1 s step over
+# this many seconds before now.
+LAST_SAMPLES_S = 2 * SPAN_STEP_S
+GPU_FIGURES = {
+    "util_mean": ("avg_over_time", "gpu:utilization_percent:max"),
+    "util_max": ("max_over_time", "gpu:utilization_percent:max"),
+    "mem_used_max": ("max_over_time", "gpu:memory_used_bytes:sum"),
+    "mem_total": ("max_over_time", "gpu:memory_total_bytes:sum"),
+    "power_mean": ("avg_over_time", "gpu:power_draw_watts:max"),
+    "power_max": ("max_over_time", "gpu:power_draw_watts:max"),
+}
+NODE_FIGURES = {
+    "cpu_mean": ("avg_over_time", "node:cpu_utilization:ratio"),
+    "cpu_max": ("max_over_time", "node:cpu_utilization:ratio"),
+    "mem_max": ("max_over_time", "node:memory_utilization:ratio"),
+    "mem_total": ("max_over_time", "node:memory_total_bytes:sum"),
+    "cpus": ("max_over_time", "node:cpus:count"),
+}
+
+
+def node_regex(nodes: Iterable[str]) -> str:
+    """A PromQL regex matching exactly these nodes (names passed SAFE_NODE)."""
+    return "|".join(node.replace(".", "\\\\.") for node in sorted(nodes))
+
+
+def find(client: PromClient, job_id: str, lookback_s: int, now: float) -> Summary:
+    """The job's part on this Prometheus (no nodes: it holds none of it)."""
+    selector = f'slurm_job_gpus_allocated{{job_id="{job_id}"}}'
+    part = Summary(job_id)
+    for labels, value in client.query(f"max_over_time({selector}[{lookback_s}s])", now):
+        node = labels.get("node", "")
+        if not SAFE_NODE.fullmatch(node) or not 0 <= value <= MAX_GPUS_PER_NODE:
+            continue
+        part.nodes[node] = (int(value), {})
+        part.user = part.user or labels.get("user", "")
+        part.account = part.account or labels.get("account", "")
+        part.partition = part.partition or labels.get("partition", "")
+        part.cluster = part.cluster or labels.get("cluster", "")
+    if not part.nodes:
+        return part
+    ts = f"timestamp({selector})[{lookback_s}s:{SPAN_STEP_S}s]"
+    starts = client.query(f"min(min_over_time({ts}))", now)
+    ends = client.query(f"max(max_over_time({ts}))", now)
+    recent = f"timestamp({selector})[{LAST_SAMPLES_S}s:1s]"
+    ends += client.query(f"max(max_over_time({recent}))", now)
+    part.start = starts[0][1] if starts else now
+    part.end = max(value for _, value in ends) if ends else now
+    return part
+
+
+def gpu_indices(client: PromClient, part: Summary, span: str) -> dict[str, list[str]]:
+    """Each node's GPUs (NVML index) during the job: recorded joins, else Slurm's indices
+    through the device minors the nodes reported (index = minor where none)."""
+    series = f'slurm_job_gpu:gpu_utilization_percent:max{{job_id="{part.job_id}"}}'
+    recorded = _pairs(client.query(f"max_over_time({series}{span})", part.end), part.nodes)
+    if recorded:
+        return recorded
+    indices = f'slurm_job_gpu_index_info{{job_id="{part.job_id}"}}'
+    slurm = _pairs(client.query(f"max_over_time({indices}{span})", part.end), part.nodes)
+    if not slurm:
+        return {}
+    minors = f'gpu:device_minor:info{{node=~"{node_regex(slurm)}"}}'
+    found: dict[tuple[str, str], set[str]] = {}
+    reporting: set[str] = set()
+    for labels, _ in client.query(f"max_over_time({minors}{span})", part.end):
+        node, gpu, minor = labels.get("node", ""), labels.get("gpu", ""), labels.get("minor", "")
+        reporting.add(node)
+        if SAFE_GPU.fullmatch(gpu) and SAFE_GPU.fullmatch(minor):
+            found.setdefault((node, minor), set()).add(gpu)
+    # A minor two GPUs claim names neither for sure (the rules drop it too).
+    unique = {key: gpus.pop() for key, gpus in found.items() if len(gpus) == 1}
+    out: dict[str, list[str]] = {}
+    for node, slurm_indices in slurm.items():
+        if node in reporting:
+            gpus = [unique[(node, i)] for i in slurm_indices if (node, i) in unique]
+        else:
+            gpus = list(slurm_indices)
+        out[node] = sorted(set(gpus), key=int)
+    return out
+
+
+def _pairs(
+    samples: Iterable[tuple[dict[str, str], float]], nodes: Iterable[str]
+) -> dict[str, list[str]]:
+    wanted = set(nodes)
+    out: dict[str, set[str]] = {}
+    for labels, _ in samples:
+        node, gpu = labels.get("node", ""), labels.get("gpu", "")
+        if node in wanted and SAFE_GPU.fullmatch(gpu):
+            out.setdefault(node, set()).add(gpu)
+    return {node: sorted(gpus, key=int) for node, gpus in out.items()}
+
+
+def figures(client: PromClient, part: Summary, start: float, end: float) -> None:
+    """Fill the part's node and GPU figures over [start, end] (the whole job's span)."""
+    span = f"[{max(60, round(end - start))}s]"
+    part.end = end
+    indices = gpu_indices(client, part, span)
+    for node, gpus in indices.items():
+        for gpu in gpus:
+            part.gpus[(node, gpu)] = {}
+    nodes = node_regex(part.nodes)
+    for kind, table in (("gpu", GPU_FIGURES), ("node", NODE_FIGURES)):
+        for name, (func, series) in table.items():
+            query = f'{func}({series}{{node=~"{nodes}"}}{span})'
+            for labels, value in client.query(query, end):
+                node = labels.get("node", "")
+                if kind == "node" and node in part.nodes:
+                    part.nodes[node][1][name] = value
+                elif (node, labels.get("gpu", "")) in part.gpus:
+                    part.gpus[(node, labels.get("gpu", ""))][name] = value
+
+
+THRESHOLD_SERIES = "gpufleet:slurm_idle_gpu_threshold:percent"
+
+
+def site_threshold(client: PromClient, at: float) -> float | None:
+    """The rules' idle threshold (gpufleet-slurm rules), or None where they predate it."""
+    values = [value for _, value in client.query(f"max({THRESHOLD_SERIES})", at)]
+    return values[0] if values and 0 <= values[0] <= 100 else None
+
+
+def merge(job_id: str, parts: Sequence[Summary]) -> Summary:
+    """The shards' parts of one job (each holds the nodes it scrapes)."""
+    whole = Summary(job_id)
+    for part in parts:
+        if not part.nodes:
+            continue
+        if not whole.nodes:
+            whole.start, whole.end = part.start, part.end
+        whole.start, whole.end = min(whole.start, part.start), max(whole.end, part.end)
+        whole.user = whole.user or part.user
+        whole.account = whole.account or part.account
+        whole.partition = whole.partition or part.partition
+        whole.cluster = whole.cluster or part.cluster
+        whole.nodes.update(part.nodes)
+        whole.gpus.update(part.gpus)
+    return whole
+
+
+def first_answer(
+    urls: Sequence[str], make: Callable[[str], PromClient], name: str
+) -> tuple[PromClient | None, str]:
+    """The first replica of an instance that answers a trivial query, or why none did."""
+    errors = []
+    for url in urls:
+        try:
+            client = make(url)
+            client.query("vector(1)", 0)
+            return client, ""
+        except PromError as err:
+            errors.append(str(err))
+    return None, f"{name}: no replica answers: {'; '.join(errors) or 'none listed'}"

@@ -1,0 +1,293 @@
+"""The stored job summary: ``GF1:`` + base64 of zlib-compressed compact JSON.
+
+Written by the slurmctld epilog (:mod:`gpufleet_node.job_summary.cli`) into the job's
+AdminComment, read back by ``gpufleet jobstats`` once Prometheus no longer holds the
+job. Both sides import this module: one definition of the format.
+
+AdminComment is readable by every user (``sacct -o AdminComment``) and settable by any
+Slurm admin, so :func:`decode` takes hostile text: bounded before and after inflating,
+every field checked against the schema, errors are :class:`SummaryError` with one line.
+
+Schema 1 (JSON, compact)::
+
+    {"v": 1, "job": "4242", "user": ..., "account": ..., "partition": ..., "cluster": ...,
+     "start": 1764115200, "end": 1764122400,      # Unix seconds, the series' span
+     "nodes": [[node, gpus_allocated, cpu_mean, cpu_max, mem_max, mem_total, cpus], ...],
+     "gpus": [[node, gpu, util_mean, util_max, mem_used_max, mem_total,
+               power_mean, power_max], ...],      # NVML index; null where no data
+     "dropped": 0,                                # GPU rows left out to fit MAX_ENCODED
+     "down": ["shard-1"]}                         # instances that did not answer
+
+Shares (cpu_*, mem_max) are 0..1, utilization percent, memory bytes, power watts.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import re
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+PREFIX = "GF1:"
+VERSION = 1
+# Slurm keeps AdminComment in slurmdbd's job table as a TEXT column (65,535 bytes).
+# A 64-GPU job takes about 2 KB; a job too large for this loses GPU rows ("dropped").
+MAX_ENCODED = 60000
+MAX_JSON = 1024 * 1024  # inflated size accepted when reading
+MAX_NODES = 20000
+MAX_GPUS = 160000
+MAX_TEXT = 128  # user, account, partition, cluster
+MAX_VALUE = 1e18
+MAX_DOWN = 64
+
+JOB_ID = re.compile(r"^[0-9]{1,12}$")
+SAFE_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+SAFE_GPU = re.compile(r"^[0-9]{1,4}$")
+MAX_GPUS_PER_NODE = 4096
+
+NODE_FIELDS = ("cpu_mean", "cpu_max", "mem_max", "mem_total", "cpus")
+GPU_FIELDS = (
+    "util_mean",
+    "util_max",
+    "mem_used_max",
+    "mem_total",
+    "power_mean",
+    "power_max",
+)
+# Digits kept per figure: enough for a report, and the JSON compresses better.
+# util_max decides the idle verdict (util_max < threshold): it is rounded down, so that
+# for any threshold of up to 3 decimals the stored figure gives the live verdict (4.996
+# rounded to 5.00 would have made an idle GPU busy).
+ROUNDED_DOWN = {"util_max"}
+DIGITS = {
+    "cpu_mean": 4,
+    "cpu_max": 4,
+    "mem_max": 4,
+    "mem_total": 0,
+    "cpus": 0,
+    "util_mean": 2,
+    "util_max": 3,
+    "mem_used_max": 0,
+    "power_mean": 1,
+    "power_max": 1,
+}
+
+Values = dict[str, Optional[float]]
+
+
+class SummaryError(ValueError):
+    """Text that is not a valid summary; the message is one line."""
+
+
+@dataclass
+class Summary:
+    job_id: str
+    user: str = ""
+    account: str = ""
+    partition: str = ""
+    cluster: str = ""
+    start: float = 0.0
+    end: float = 0.0
+    nodes: dict[str, tuple[int, Values]] = field(default_factory=dict)  # node -> (GPUs, figures)
+    gpus: dict[tuple[str, str], Values] = field(default_factory=dict)  # (node, gpu) -> figures
+    dropped: int = 0
+    down: list[str] = field(default_factory=list)  # instances that did not answer: nodes lost
+    threshold: float | None = None  # the site's idle threshold (percent) when it was stored
+
+
+def _number(value: float | None, digits: int) -> float | None:
+    """A figure as stored: rounded; None for what no figure can be (NaN, negative, huge)."""
+    if value is None or not (math.isfinite(value) and 0 <= value <= MAX_VALUE):
+        return None
+    rounded = round(float(value), digits)
+    return int(rounded) if digits == 0 else rounded
+
+
+def _figure(values: Values, name: str) -> float | None:
+    value = values.get(name)
+    if name in ROUNDED_DOWN and value is not None and math.isfinite(value) and value >= 0:
+        # round() first: 4.35 * 1000 is 4349.999..., whose floor would be 4.349.
+        scale = 10 ** DIGITS[name]
+        value = math.floor(round(value * scale, 6)) / scale
+    return _number(value, DIGITS[name])
+
+
+def _clean(text: str) -> str:
+    """A label value as stored: printable and short (Prometheus labels may hold anything)."""
+    return "".join(ch if ch.isprintable() else "?" for ch in text)[:MAX_TEXT]
+
+
+def to_json(summary: Summary, gpu_limit: int | None = None) -> dict[str, Any]:
+    gpus = sorted(summary.gpus.items(), key=lambda item: (item[0][0], int(item[0][1])))
+    kept = gpus if gpu_limit is None else gpus[:gpu_limit]
+    return {
+        "v": VERSION,
+        "job": summary.job_id,
+        "user": _clean(summary.user),
+        "account": _clean(summary.account),
+        "partition": _clean(summary.partition),
+        "cluster": _clean(summary.cluster),
+        "start": int(summary.start),
+        "end": math.ceil(summary.end),
+        "nodes": [
+            [node, count] + [_number(values.get(f), DIGITS[f]) for f in NODE_FIELDS]
+            for node, (count, values) in sorted(summary.nodes.items())
+        ],
+        "gpus": [
+            [node, gpu] + [_figure(values, f) for f in GPU_FIELDS] for (node, gpu), values in kept
+        ],
+        "dropped": summary.dropped + len(gpus) - len(kept),
+        "down": [_clean(name) for name in summary.down[:MAX_DOWN]],
+        "threshold": _number(summary.threshold, 3),
+    }
+
+
+def _dump(document: dict[str, Any]) -> bytes:
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def _pack(raw: bytes) -> str:
+    return PREFIX + base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
+
+
+def encode(summary: Summary, limit: int = MAX_ENCODED) -> str:
+    """The AdminComment text, at most ``limit`` characters and MAX_JSON inflated: GPU rows
+    are left out (the last ones, counted in ``dropped``) until it fits. What is returned
+    passed the reader's checks (the text stored, not the whole document: a job too large
+    for the reader's bounds still gets its summary, cut)."""
+    keep = len(summary.gpus)
+    while True:
+        raw = _dump(to_json(summary, keep))
+        text = _pack(raw)
+        if len(text) <= limit and len(raw) <= MAX_JSON:
+            break
+        if keep == 0:
+            raise SummaryError(f"job {summary.job_id}: summary exceeds {limit} characters")
+        # Proportional first (a huge job would take many steps), then a tenth at a time.
+        share = min(limit / len(text), MAX_JSON / len(raw))
+        keep = min(keep * 9 // 10, int(keep * share))
+    decode(text, summary.job_id, limit=limit)
+    return text
+
+
+def _text(document: dict[str, Any], key: str) -> str:
+    value = document.get(key, "")
+    if not isinstance(value, str) or len(value) > MAX_TEXT:
+        raise SummaryError(f"field {key!r} is not a short string")
+    if not all(ch.isprintable() for ch in value):
+        raise SummaryError(f"field {key!r} holds control characters")
+    return value
+
+
+def _time(document: dict[str, Any], key: str) -> float:
+    value = document.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**40:
+        raise SummaryError(f"field {key!r} is not a Unix time")
+    return float(value)
+
+
+def _values(row: list[Any], names: tuple[str, ...]) -> Values:
+    values: Values = {}
+    for name, value in zip(names, row):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SummaryError(f"{name} is not a number")
+        if not (math.isfinite(value) and 0 <= value <= MAX_VALUE):
+            raise SummaryError(f"{name} is out of range")
+        values[name] = float(value)
+    return values
+
+
+def _rows(document: dict[str, Any], key: str, width: int, most: int) -> list[list[Any]]:
+    rows = document.get(key)
+    if not isinstance(rows, list) or len(rows) > most:
+        raise SummaryError(f"field {key!r} is not a list of at most {most} rows")
+    for row in rows:
+        if not isinstance(row, list) or len(row) != width:
+            raise SummaryError(f"a row of {key!r} is not a list of {width} values")
+    return rows
+
+
+def _inflate(text: str) -> bytes:
+    try:
+        packed = base64.b64decode(text[len(PREFIX) :], validate=True)
+    except (binascii.Error, ValueError) as err:
+        raise SummaryError("not base64") from err
+    inflater = zlib.decompressobj()
+    try:
+        raw = inflater.decompress(packed, MAX_JSON)
+    except zlib.error as err:
+        raise SummaryError("not zlib data") from err
+    if inflater.unconsumed_tail:
+        raise SummaryError(f"inflates to more than {MAX_JSON} bytes")
+    if not inflater.eof:
+        raise SummaryError("truncated zlib data")
+    return raw
+
+
+def decode(text: str, job_id: str, limit: int | None = MAX_ENCODED) -> Summary:
+    """The summary in ``text`` (an AdminComment), which must be ``job_id``'s."""
+    text = text.strip()
+    if not text.startswith(PREFIX):
+        raise SummaryError(f"no gpufleet summary (text does not start with {PREFIX})")
+    if limit is not None and len(text) > limit:
+        raise SummaryError(f"longer than {limit} characters")
+    try:
+        document = json.loads(_inflate(text).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        # RecursionError: nesting deeper than the interpreter's stack ("[" * 200000).
+        if isinstance(err, SummaryError):
+            raise
+        raise SummaryError("not JSON") from err
+    if not isinstance(document, dict) or document.get("v") != VERSION:
+        raise SummaryError(f"not a schema {VERSION} summary")
+    if document.get("job") != job_id:
+        found = str(document.get("job"))[:20]
+        raise SummaryError(f"the summary is of job {found!r}, not {job_id}")
+    summary = Summary(
+        job_id=job_id,
+        user=_text(document, "user"),
+        account=_text(document, "account"),
+        partition=_text(document, "partition"),
+        cluster=_text(document, "cluster"),
+        start=_time(document, "start"),
+        end=_time(document, "end"),
+    )
+    if summary.start > summary.end:
+        raise SummaryError("start is after end")
+    dropped = document.get("dropped", 0)
+    if isinstance(dropped, bool) or not isinstance(dropped, int) or not 0 <= dropped <= MAX_GPUS:
+        raise SummaryError("field 'dropped' is not a count")
+    summary.dropped = dropped
+    down = document.get("down", [])
+    if not isinstance(down, list) or len(down) > MAX_DOWN:
+        raise SummaryError("field 'down' is not a short list")
+    summary.down = [_text({"down": name}, "down") for name in down]
+    threshold = document.get("threshold")
+    if threshold is not None:
+        number = not isinstance(threshold, bool) and isinstance(threshold, (int, float))
+        if not (number and 0 <= threshold <= 100):  # NaN compares false
+            raise SummaryError("field 'threshold' is not a percentage")
+        summary.threshold = float(threshold)
+    for row in _rows(document, "nodes", 2 + len(NODE_FIELDS), MAX_NODES):
+        node, count = row[0], row[1]
+        if not isinstance(node, str) or not SAFE_NODE.fullmatch(node):
+            raise SummaryError("a node name is not a host name")
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise SummaryError(f"{node}: GPU count is not a number")
+        if not 0 <= count <= MAX_GPUS_PER_NODE or node in summary.nodes:
+            raise SummaryError(f"{node}: GPU count out of range or node listed twice")
+        summary.nodes[node] = (count, _values(row[2:], NODE_FIELDS))
+    for row in _rows(document, "gpus", 2 + len(GPU_FIELDS), MAX_GPUS):
+        node, gpu = row[0], row[1]
+        if not isinstance(node, str) or node not in summary.nodes:
+            raise SummaryError("a GPU row names a node the summary does not list")
+        if not isinstance(gpu, str) or not SAFE_GPU.fullmatch(gpu) or (node, gpu) in summary.gpus:
+            raise SummaryError(f"{node}: a GPU index is not a number or is listed twice")
+        summary.gpus[(node, gpu)] = _values(row[2:], GPU_FIELDS)
+    return summary
