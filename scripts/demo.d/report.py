@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""The demo's ending: wait (bounded) until SlurmJobGpuIdle fires, then print
+`gpufleet jobstats` for every running job and the firing alert as Alertmanager has it.
+
+    report.py --prometheus URL --alertmanager URL --inventory DIR [--wait SECONDS]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from typing import Any
+
+ALERT = "SlurmJobGpuIdle"
+FIRING = f'ALERTS{{alertname="{ALERT}",alertstate="firing"}}'
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return json.load(answer)
+
+
+def query(prometheus: str, promql: str) -> list[dict[str, Any]]:
+    url = f"{prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    result: list[dict[str, Any]] = get_json(url)["data"]["result"]
+    return result
+
+
+def am_alerts(alertmanager: str) -> list[dict[str, Any]]:
+    matcher = urllib.parse.urlencode({"filter": f'alertname="{ALERT}"'})
+    url = f"{alertmanager}/api/v2/alerts?{matcher}"
+    alerts: list[dict[str, Any]] = get_json(url)
+    return alerts
+
+
+def progress(prometheus: str) -> str:
+    """One line on what Prometheus holds so far, for the waiting messages."""
+    jobs = {s["metric"].get("job_id") for s in query(prometheus, "slurm_job_gpus_allocated")}
+    gpus = query(prometheus, "slurm_job_gpu:gpu_utilization_percent:max")
+    pending = query(prometheus, f'ALERTS{{alertname="{ALERT}",alertstate="pending"}}')
+    return f"{len(jobs)} Slurm jobs, {len(gpus)} job GPUs measured, {len(pending)} alerts pending"
+
+
+def wait_for(what: str, ready: Any, deadline: float, status: Any) -> Any:
+    """Poll ready() every 5 s until it returns something truthy or the deadline passes."""
+    left = max(0, int(deadline - time.monotonic()))
+    print(f"demo: waiting for {what} (up to {left} s)", flush=True)
+    last_note = time.monotonic()
+    while True:
+        try:
+            found = ready()
+        except OSError as error:  # not up yet (refused, timeout, HTTP error)
+            found, note = None, f"not answering: {error}"
+        else:
+            note = ""
+        if found:
+            return found
+        if time.monotonic() >= deadline:
+            detail = note or status()
+            raise SystemExit(f"demo: gave up waiting for {what} ({detail})")
+        if time.monotonic() - last_note >= 30:
+            print(f"demo:   still waiting: {note or status()}", flush=True)
+            last_note = time.monotonic()
+        time.sleep(5)
+
+
+def job_ids(prometheus: str) -> list[str]:
+    ids = {s["metric"]["job_id"] for s in query(prometheus, "slurm_job_gpus_allocated")}
+    return sorted(ids, key=lambda job: (len(job), job))
+
+
+def describe(alert: dict[str, Any]) -> str:
+    labels = alert["labels"]
+    receivers = ", ".join(r["name"] for r in alert.get("receivers", []))
+    return (
+        f"{labels['alertname']} [{alert['status']['state']}] since {alert['startsAt'][:19]}Z\n"
+        f"  {alert['annotations'].get('summary', '')}\n"
+        f"  job_id={labels.get('job_id')} user={labels.get('user')} account={labels.get('account')}"
+        f" partition={labels.get('partition')} node={labels.get('node')}\n"
+        f"  routed to: {receivers}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prometheus", required=True)
+    parser.add_argument("--alertmanager", required=True)
+    parser.add_argument("--inventory", required=True)
+    parser.add_argument("--wait", type=int, default=360, help="seconds to wait for the alert")
+    args = parser.parse_args(argv)
+    deadline = time.monotonic() + args.wait
+
+    wait_for(f"{ALERT} to fire in Prometheus", lambda: query(args.prometheus, FIRING), deadline,
+             lambda: progress(args.prometheus))  # fmt: skip
+    alerts = wait_for(f"{ALERT} in Alertmanager", lambda: am_alerts(args.alertmanager),
+                      time.monotonic() + 60, lambda: "not received yet")  # fmt: skip
+
+    status = 0
+    for job in job_ids(args.prometheus):
+        command = ["gpufleet", "jobstats", job, "-i", args.inventory]
+        print(f"\n$ {' '.join(command)}", flush=True)
+        status = max(status, subprocess.run(command, check=False).returncode)
+    print(f"\nFiring in Alertmanager ({args.alertmanager}):")
+    for alert in alerts:
+        print(describe(alert))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
