@@ -131,11 +131,11 @@ def run_command(
             start_new_session=True,
             env=dict(env) if env is not None else None,
         )
-    except FileNotFoundError:
-        return CommandResult("", time.monotonic() - start, "not_found")
+    except FileNotFoundError as exc:
+        return CommandResult("", time.monotonic() - start, "not_found", exc.strerror or str(exc))
     except OSError as exc:
         LOG.warning("cannot run %s: %s", argv[0], exc)
-        return CommandResult("", time.monotonic() - start, "exec_error")
+        return CommandResult("", time.monotonic() - start, "exec_error", exc.strerror or str(exc))
     # Not `with proc`: its exit waits without a bound, and a killed process stuck in the
     # kernel (a hung NFS mount) outlives SIGKILL; the cycle must not wait for it.
     out, err = BoundedBuffer(max_output, keep_tail), BoundedBuffer(MAX_STDERR)
@@ -151,6 +151,11 @@ def run_command(
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=reap_wait)
             error = error or "timeout"
+    except BaseException:
+        # A caller's own deadline (an alarm's exception) or Ctrl-C: the command is in a
+        # session of its own, so nothing else would end it.
+        _kill_group(proc)
+        raise
     finally:
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:

@@ -10,6 +10,8 @@ Alertmanager mails bob@example.org once (the owner template) and sends the admin
 digest. This file runs before test_slurm_exporter.py, on an empty cluster, so the
 digest group is new (its interval is an hour) and no earlier idle job has mailed.
 
+Then `gpufleet jobstats` of each job, against what the doubles serve.
+
 The jobs' stored summaries (EpilogSlurmctld, wired in converge.yml) are not checked here:
 the epilog stores them in slurmdbd's record (sacctmgr), and this test bed has no slurmdbd.
 """
@@ -19,6 +21,8 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
+import sys
 import urllib.parse
 import urllib.request
 
@@ -172,3 +176,55 @@ def test_idle_job_alerts_its_owner_once_and_the_admins_in_one_digest(ctl, jobs):
     assert payload["groupLabels"] == {"alertname": "SlurmJobGpuIdle", "cluster": "slurmlab"}
     assert [a["labels"]["job_id"] for a in payload["alerts"]] == [idle]
     assert payload["alerts"][0]["labels"]["user"] == "bob"
+
+
+def served(node) -> dict[str, dict[str, float]]:
+    """What the node's nvidia-smi double answers per GPU index: the truth to compare with."""
+    fields = "index,utilization.gpu,memory.used,memory.total,power.draw"
+    text = node.check_output(f"nvidia-smi --query-gpu={fields} --format=csv,noheader,nounits")
+    rows = {}
+    for line in text.splitlines():
+        index, util, used, total, power = (cell.strip() for cell in line.split(","))
+        rows[index] = {
+            "util": float(util),
+            "mem_used": float(used) * 2**20,
+            "mem_total": float(total) * 2**20,
+            "power": float(power),
+        }
+    return rows
+
+
+def jobstats(ctl, job: str) -> dict:
+    code = "import sys; from gpufleet.cli import main; sys.exit(main(sys.argv[1:]))"
+    prometheus = f"http://{host_address(ctl)}:9090"
+    done = subprocess.run(
+        [sys.executable, "-c", code, "jobstats", job, "--prometheus", prometheus, "--json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize(("which", "node", "verdict"), [
+    (0, BUSY_NODE, "good"), (1, IDLE_NODE, "idle GPUs"),
+])  # fmt: skip
+def test_jobstats_reports_what_the_double_served(ctl, gpu_nodes, jobs, which, node, verdict):
+    """`gpufleet jobstats` of each running job: its own two GPUs on its node, each with the
+    utilization, memory and power its node's double served the whole time (the double is
+    constant per state, so mean and max equal it), and the verdict that follows."""
+    job = jobs[which]
+    report = jobstats(ctl, job)
+    assert (report["job_id"], report["running"], report["verdict"]) == (job, True, verdict)
+    assert [(n["node"], n["gpus_allocated"]) for n in report["nodes"]] == [(node, 2)]
+    truth = served(gpu_nodes[node])
+    assert len(report["gpus"]) == 2 and {g["node"] for g in report["gpus"]} == {node}
+    for gpu in report["gpus"]:
+        want = truth[gpu["gpu"]]
+        got = {
+            "util": (gpu["util_mean"], gpu["util_max"]),
+            "mem": (gpu["mem_used_max"], gpu["mem_total"]),
+            "power": (gpu["power_mean"], gpu["power_max"]),
+        }
+        assert got["util"] == pytest.approx((want["util"], want["util"]), abs=0.5), got
+        assert got["mem"] == pytest.approx((want["mem_used"], want["mem_total"]), rel=1e-3), got
+        assert got["power"] == pytest.approx((want["power"], want["power"]), rel=1e-2), got

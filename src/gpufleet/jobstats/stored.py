@@ -78,9 +78,13 @@ def _sacct_rows(argv: list[str]) -> list[tuple[str, str]]:
     done = run_command(argv, SACCT_TIMEOUT_S, max_output=SACCT_MAX_OUTPUT)
     if done.error == "output_limit":
         raise NoSummary(f"job {job}: sacct printed more than {SACCT_MAX_OUTPUT} bytes")
+    said = " ".join(done.stderr.split())[:200]
+    if done.error == "timeout":
+        raise NoSummary(f"job {job}: sacct: no answer in {SACCT_TIMEOUT_S} s")
+    if done.error in ("not_found", "exec_error"):
+        raise NoSummary(f"job {job}: sacct: {said or done.error.replace('_', ' ')}")
     if done.error is not None:
-        said = " ".join(done.stderr.split())[:200] or done.error
-        raise NoSummary(f"job {job}: sacct failed ({done.returncode}): {said}")
+        raise NoSummary(f"job {job}: sacct failed ({done.returncode}): {said or 'no message'}")
     rows = []
     for line in done.stdout.splitlines():
         if len(line) <= MAX_READ:

@@ -242,9 +242,11 @@ def store(config: Config, job_id: str, text: str) -> None:
         env["SLURM_CONF"] = config.slurm_conf
     for attempt in range(SACCTMGR_TRIES):
         done = run_command(argv, SACCTMGR_TIMEOUT_S, env=env, max_output=SACCTMGR_MAX_OUTPUT)
-        said = one_line(done.stderr or done.stdout or done.error or "")
-        if done.error in ("not_found", "exec_error", "timeout", "output_limit"):
-            raise ConfigError(f"{config.sacctmgr}: {done.error.replace('_', ' ')}: {said}")
+        said = one_line(done.stderr or done.stdout or "")
+        if done.error == "timeout":
+            raise ConfigError(f"{config.sacctmgr}: no answer in {SACCTMGR_TIMEOUT_S} s")
+        if done.error in ("not_found", "exec_error", "output_limit"):
+            raise ConfigError(f"{config.sacctmgr}: {said or done.error.replace('_', ' ')}")
         if done.error is not None:
             raise ConfigError(f"sacctmgr update job {job_id} failed ({done.returncode}): {said}")
         if "nothing modified" not in done.stdout.lower():

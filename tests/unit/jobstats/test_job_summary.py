@@ -291,6 +291,16 @@ def test_epilog_reports_a_failed_sacctmgr(
     assert "Problem talking to the database" in capsys.readouterr().err
 
 
+def test_epilog_names_why_sacctmgr_could_not_run(
+    prom: Prom, slurm: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, job, _ = prom
+    cfg = config(slurm, url, sacctmgr=str(slurm / "bin/no-such-sacctmgr"))
+    assert epilog.main(["--config", cfg, "--job-id", job.job_id]) == 1
+    err = capsys.readouterr().err
+    assert "no-such-sacctmgr: No such file or directory" in err and err.count("\n") == 1, err
+
+
 def test_epilog_retries_until_slurmdbd_has_the_job(
     prom: Prom, slurm: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

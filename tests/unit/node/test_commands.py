@@ -24,13 +24,44 @@ def test_a_failing_command_keeps_its_output_and_says_exit_code():
 
 def test_missing_binary_is_not_found():
     res = run_command(["/nonexistent/gpufleet-no-such-binary"], 10)
-    assert res == CommandResult("", res.duration, "not_found")
+    assert res == CommandResult("", res.duration, "not_found", "No such file or directory")
 
 
 def test_not_executable_is_exec_error(tmp_path):
     script = tmp_path / "x"
     script.write_text("#!/bin/sh\n")
-    assert run_command([str(script)], 10).error == "exec_error"
+    res = run_command([str(script)], 10)
+    assert (res.error, res.stderr) == ("exec_error", "Permission denied")
+
+
+def test_an_exception_in_the_caller_kills_the_command(tmp_path):
+    """An alarm's exception (the epilog's deadline) or Ctrl-C while the command runs: the
+    command, in a session of its own, is killed, not left running."""
+    import signal
+
+    class Deadline(Exception):
+        pass
+
+    def expire(signum, frame):
+        raise Deadline
+
+    marker = tmp_path / "still-ran"
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    try:
+        started = time.monotonic()
+        try:
+            run_command(["sh", "-c", f"sleep 2; touch {marker}"], 30)
+        except Deadline:
+            pass
+        else:
+            raise AssertionError("the alarm did not interrupt the command")
+        assert time.monotonic() - started < 2
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    time.sleep(2.5)
+    assert not marker.exists()
 
 
 def test_timeout_kills_the_whole_process_group(tmp_path):
