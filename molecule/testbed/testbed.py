@@ -290,9 +290,28 @@ class Host:
     podman_args: tuple[str, ...] = ()
 
 
+SHAPE_LABEL = "gpufleet.testbed.shape"
+
+
+def shape(host: Host, network: str) -> str:
+    """What a running host must have been started with to be kept as it is."""
+    wanted = [host.suite, host.address, network, *host.podman_args]
+    return hashlib.sha256(json.dumps(wanted).encode()).hexdigest()[:16]
+
+
 def start_host(host: Host, network: str, tag: str) -> None:
     name, address = host.name, host.address
     if container_running(name):
+        started_as = run(
+            ["podman", "inspect", "--format", f'{{{{ index .Config.Labels "{SHAPE_LABEL}" }}}}',
+             name], check=False, capture=True,
+        ).stdout.strip()  # fmt: skip
+        if started_as != shape(host, network):
+            raise SystemExit(
+                f"testbed: {name} runs with another suite, address, network or podman "
+                "arguments than asked (an older test bed?): remove it first (scripts/demo "
+                "down, or molecule destroy)"
+            )
         return
     run(["podman", "rm", "-f", name], check=False, capture=True)
     run(
@@ -321,6 +340,8 @@ def start_host(host: Host, network: str, tag: str) -> None:
             "seccomp=unconfined",
             "--label",
             "gpufleet.testbed=1",
+            "--label",
+            f"{SHAPE_LABEL}={shape(host, network)}",
             *host.podman_args,
             tag,
             "/sbin/init",

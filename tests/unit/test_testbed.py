@@ -90,3 +90,21 @@ def test_release_archive_is_reproducible_and_release_shaped():
     top = "prometheus-3.5.3.linux-amd64"
     assert set(names) == {f"{top}/prometheus", f"{top}/promtool", f"{top}/LICENSE"}
     assert names[f"{top}/promtool"].mode == 0o755
+
+
+def test_a_host_started_otherwise_is_not_kept() -> None:
+    """A running host is kept only when it was started with the same suite, address,
+    network and podman arguments (its shape label): an older demo's hosts are refused."""
+    host = testbed.Host("demo-gpu01", "10.203.20.21", "trixie", ("--cgroupns=private",))
+    same = testbed.shape(host, "gpufleet-demo")
+    assert same == testbed.shape(
+        testbed.Host("demo-gpu01", "10.203.20.21", "trixie", ("--cgroupns=private",)),
+        "gpufleet-demo",
+    )
+    others = [
+        testbed.Host("demo-gpu01", "10.203.20.21", "bookworm", ("--cgroupns=private",)),
+        testbed.Host("demo-gpu01", "10.203.20.22", "trixie", ("--cgroupns=private",)),
+        testbed.Host("demo-gpu01", "10.203.20.21", "trixie", ()),
+    ]
+    assert same not in {testbed.shape(other, "gpufleet-demo") for other in others}
+    assert same != testbed.shape(host, "gpufleet-other")
