@@ -61,12 +61,19 @@ def wait_for(what: str, ready: Any, deadline: float, status: Any) -> Any:
         if found:
             return found
         if time.monotonic() >= deadline:
-            detail = note or status()
-            raise SystemExit(f"demo: gave up waiting for {what} ({detail})")
+            raise SystemExit(f"demo: gave up waiting for {what} ({note or safely(status)})")
         if time.monotonic() - last_note >= 30:
-            print(f"demo:   still waiting: {note or status()}", flush=True)
+            print(f"demo:   still waiting: {note or safely(status)}", flush=True)
             last_note = time.monotonic()
         time.sleep(5)
+
+
+def safely(status: Any) -> str:
+    """status()'s line, or why there is none: a status query must not end the wait."""
+    try:
+        return str(status())
+    except (OSError, ValueError, KeyError) as error:
+        return f"no status: {error}"
 
 
 def job_ids(prometheus: str) -> list[str]:
@@ -104,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     for job in job_ids(args.prometheus):
         command = ["gpufleet", "jobstats", job, "-i", args.inventory]
         print(f"\n$ {' '.join(command)}", flush=True)
-        status = max(status, subprocess.run(command, check=False).returncode)
+        code = subprocess.run(command, check=False).returncode
+        status = max(status, code if code >= 0 else 128 - code)  # a signal's death fails too
     print(f"\nFiring in Alertmanager ({args.alertmanager}):")
     for alert in alerts:
         print(describe(alert))
