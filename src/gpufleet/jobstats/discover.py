@@ -125,6 +125,11 @@ def span_of(client: PromClient, selector: str, lookback_s: int, now: float) -> t
     # The last samples at 1 s: a step may miss one just before its staleness marker.
     recent = f"max(max_over_time({ts}[{LAST_SAMPLES_S}s:1s]))"
     ends += client.query(recent, now)
+    if not starts and ends:
+        # Younger than one coarse step: no coarse point after its first sample yet, so
+        # that sample is in the last step (at 1 s).
+        young = f"min(min_over_time({ts}[{coarse + SPAN_STEP_S}s:1s]))"
+        starts = client.query(young, now)
     start = starts[0].value if starts else now
     end = max(sample.value for sample in ends) if ends else now
     if coarse > SPAN_STEP_S and starts and ends:
@@ -135,7 +140,7 @@ def span_of(client: PromClient, selector: str, lookback_s: int, now: float) -> t
         last = client.query(f"max(max_over_time({ts}{near}))", min(now, end + coarse))
         start = first[0].value if first else start
         end = max(end, last[0].value) if last else end
-    return start, end
+    return min(start, end), end
 
 
 def allocation(

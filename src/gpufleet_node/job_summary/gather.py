@@ -68,8 +68,13 @@ def find(client: PromClient, job_id: str, lookback_s: int, now: float) -> Summar
     ends = client.query(f"max(max_over_time({ts}))", now)
     recent = f"timestamp({selector})[{LAST_SAMPLES_S}s:1s]"
     ends += client.query(f"max(max_over_time({recent}))", now)
-    part.start = starts[0][1] if starts else now
+    if not starts and ends:
+        # Shorter than a step: no whole-minute point saw it, so its first sample is in the
+        # last samples' window (as jobstats' span_of).
+        young = f"timestamp({selector})[{LAST_SAMPLES_S}s:1s]"
+        starts = client.query(f"min(min_over_time({young}))", now)
     part.end = max(value for _, value in ends) if ends else now
+    part.start = min(starts[0][1], part.end) if starts else part.end
     return part
 
 

@@ -17,7 +17,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from jobstats_scenario import CPU, GIB, MEM_USED_GIB, UTIL
@@ -267,6 +267,25 @@ def test_epilog_run_as_the_job_ends_keeps_its_last_samples(prom: Prom) -> None:
     part = gather.find(client, job.job_id, 30 * 86400, job.end - 10)
     assert part.end == job.end - 30
     assert gather.find(client, job.job_id, 30 * 86400, job.end + 600).end == job.end
+
+
+def test_epilog_of_a_job_shorter_than_a_minute_has_its_span() -> None:
+    """No whole-minute point saw a job of 40 s: its span comes from the last samples at
+    1 s, first to last, not (now, last sample), a range Prometheus refuses."""
+    now = 1_700_000_030.0
+    first, last = now - 45, now - 5
+
+    class Answers:
+        def query(self, expr: str, at: float) -> list[tuple[dict[str, str], float]]:
+            assert at == now
+            if expr.startswith("max_over_time(slurm_job_gpus_allocated"):
+                return [({"node": "n1", "user": "alice"}, 2.0)]
+            if ":1s]" not in expr:
+                return []  # the whole-minute points: none while the job ran
+            return [({}, first if expr.startswith("min(") else last)]
+
+    part = gather.find(cast(PromClient, Answers()), "77", 86400, now)
+    assert (part.start, part.end, part.user) == (first, last, "alice")
 
 
 def test_epilog_of_a_job_without_gpu_series_stores_nothing(prom: Prom, slurm: Path) -> None:

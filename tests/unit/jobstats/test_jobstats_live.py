@@ -62,6 +62,19 @@ def test_the_span_ends_at_the_last_sample_between_whole_minutes(prom: Prom) -> N
     assert find_job(PromClient(url), job.job_id, 30 * 86400, job.end - 10).end == job.end - 30
 
 
+def test_a_job_younger_than_the_coarse_step_has_its_span(prom: Prom) -> None:
+    """A long lookback is searched at a coarse step first; a job that started after the
+    last coarse point has none yet (the demo's jobs, asked about a minute in). Its span is
+    still from its first sample to its last, not a range Prometheus refuses."""
+    url, job, _ = prom
+    coarse = next(c for c in (130, 131, 137) if job.start % c)  # 30 days and a bit
+    now = -(-job.start // coarse) * coarse - 1  # before the first coarse point after start
+    place = find_job(PromClient(url), job.job_id, coarse * 20_000, now)
+    assert place.start == pytest.approx(job.start, abs=30), (place.start, job.start)
+    assert place.start <= place.end <= now
+    assert place.gpus_allocated
+
+
 def test_text_report_has_bars_and_advice(prom: Prom, capsys: pytest.CaptureFixture[str]) -> None:
     url, job, _ = prom
     code, out, _ = run(capsys, "jobstats", job.job_id, "--prometheus", url, "--stats")
