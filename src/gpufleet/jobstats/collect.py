@@ -13,23 +13,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from gpufleet.jobstats.discover import SAFE_GPU, JobPlace, node_regex
+from gpufleet.jobstats.discover import JobPlace, node_regex
 from gpufleet.jobstats.promapi import PromClient
-
-# (per GPU or per node, figure) -> (range function, recorded series)
-FIGURES = {
-    ("gpu", "util_mean"): ("avg_over_time", "gpu:utilization_percent:max"),
-    ("gpu", "util_max"): ("max_over_time", "gpu:utilization_percent:max"),
-    ("gpu", "mem_used_max"): ("max_over_time", "gpu:memory_used_bytes:sum"),
-    ("gpu", "mem_total"): ("max_over_time", "gpu:memory_total_bytes:sum"),
-    ("gpu", "power_mean"): ("avg_over_time", "gpu:power_draw_watts:max"),
-    ("gpu", "power_max"): ("max_over_time", "gpu:power_draw_watts:max"),
-    ("node", "cpu_mean"): ("avg_over_time", "node:cpu_utilization:ratio"),
-    ("node", "cpu_max"): ("max_over_time", "node:cpu_utilization:ratio"),
-    ("node", "mem_max"): ("max_over_time", "node:memory_utilization:ratio"),
-    ("node", "mem_total"): ("max_over_time", "node:memory_total_bytes:sum"),
-    ("node", "cpus"): ("max_over_time", "node:cpus:count"),
-}
+from gpufleet_node.job_summary.summary import FIGURES, SAFE_GPU
 
 
 @dataclass(frozen=True)

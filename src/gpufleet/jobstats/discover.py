@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpufleet.jobstats.promapi import PromClient
-from gpufleet_node.job_summary.summary import JobIdentity
+from gpufleet_node.job_summary.gpuids import minor_map, nvml_indices
+from gpufleet_node.job_summary.summary import SAFE_GPU, SAFE_NODE, JobIdentity
 
 # Slurm job ids as the exporter labels them: the numeric JobId (an array task or a
 # heterogeneous component has one of its own).
@@ -29,8 +29,6 @@ JOB_ID = re.compile(r"^[0-9]{1,12}$")
 DISPLAY_ID = re.compile(r"^[0-9]{1,12}[_+][0-9]{1,9}$")
 MAX_GPUS_PER_NODE = 4096
 # Node names and GPU indices as they may appear in a PromQL regex: nothing else passes.
-SAFE_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
-SAFE_GPU = re.compile(r"^[0-9]{1,4}$")
 SPAN_STEP_S = 60  # resolution of the start time
 # The span's subquery steps fall on whole minutes: a running or just-ended job's last
 # samples, past the last step, are found at a 1 s step over this many seconds before now.
@@ -200,42 +198,6 @@ def slurm_gpus(client: PromClient, job_id: str, place: JobPlace, span: str) -> d
     return nvml_indices(
         slurm_indices, minor_map(labels), {label.get("node", "") for label in labels}
     )
-
-
-def minor_map(labels: Iterable[dict[str, str]]) -> dict[tuple[str, str], str]:
-    """(node, device minor) -> NVML index, from gpu:device_minor:info samples.
-
-    A minor claimed by two GPUs of a node is left out: it names no GPU for sure (the
-    rules drop it from the join likewise).
-    """
-    found: dict[tuple[str, str], set[str]] = {}
-    for label in labels:
-        node, gpu, minor = label.get("node", ""), label.get("gpu", ""), label.get("minor", "")
-        if SAFE_NODE.fullmatch(node) and SAFE_GPU.fullmatch(gpu) and SAFE_GPU.fullmatch(minor):
-            found.setdefault((node, minor), set()).add(gpu)
-    return {key: gpus.pop() for key, gpus in found.items() if len(gpus) == 1}
-
-
-def nvml_indices(
-    slurm_indices: dict[str, list[str]],
-    minors: dict[tuple[str, str], str],
-    reporting: set[str] | None = None,
-) -> dict[str, list[str]]:
-    """Each node's Slurm GPU indices as NVML indices, sorted.
-
-    A node that reported minors (``reporting``, before ambiguous ones were dropped) maps
-    each index through them and drops an index no GPU has for sure; a node that reported
-    none keeps Slurm's index (index = minor, the rules' fallback).
-    """
-    mapped_nodes = {node for node, _ in minors} | (reporting or set())
-    out: dict[str, list[str]] = {}
-    for node, indices in slurm_indices.items():
-        if node in mapped_nodes:
-            gpus = [minors[(node, i)] for i in indices if (node, i) in minors]
-        else:
-            gpus = list(indices)
-        out[node] = sorted(set(gpus), key=int)
-    return out
 
 
 def slurm_seen(client: PromClient, lookback_s: int, now: float) -> bool:

@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Callable
 
+from gpufleet_node.job_summary.gpuids import minor_map, nvml_indices
 from gpufleet_node.job_summary.prom import PromClient, PromError
 from gpufleet_node.job_summary.summary import (
+    FIGURES,
     MAX_GPUS_PER_NODE,
     SAFE_GPU,
     SAFE_NODE,
@@ -26,21 +28,6 @@ SPAN_STEP_S = 60
 # epilog runs) its last samples are past the last step: they are found at a 1 s step over
 # this many seconds before now.
 LAST_SAMPLES_S = 2 * SPAN_STEP_S
-GPU_FIGURES = {
-    "util_mean": ("avg_over_time", "gpu:utilization_percent:max"),
-    "util_max": ("max_over_time", "gpu:utilization_percent:max"),
-    "mem_used_max": ("max_over_time", "gpu:memory_used_bytes:sum"),
-    "mem_total": ("max_over_time", "gpu:memory_total_bytes:sum"),
-    "power_mean": ("avg_over_time", "gpu:power_draw_watts:max"),
-    "power_max": ("max_over_time", "gpu:power_draw_watts:max"),
-}
-NODE_FIGURES = {
-    "cpu_mean": ("avg_over_time", "node:cpu_utilization:ratio"),
-    "cpu_max": ("max_over_time", "node:cpu_utilization:ratio"),
-    "mem_max": ("max_over_time", "node:memory_utilization:ratio"),
-    "mem_total": ("max_over_time", "node:memory_total_bytes:sum"),
-    "cpus": ("max_over_time", "node:cpus:count"),
-}
 
 
 def node_regex(nodes: Iterable[str]) -> str:
@@ -90,23 +77,8 @@ def gpu_indices(client: PromClient, part: Summary, span: str) -> dict[str, list[
     if not slurm:
         return {}
     minors = f'gpu:device_minor:info{{node=~"{node_regex(slurm)}"}}'
-    found: dict[tuple[str, str], set[str]] = {}
-    reporting: set[str] = set()
-    for labels, _ in client.query(f"max_over_time({minors}{span})", part.end):
-        node, gpu, minor = labels.get("node", ""), labels.get("gpu", ""), labels.get("minor", "")
-        reporting.add(node)
-        if SAFE_GPU.fullmatch(gpu) and SAFE_GPU.fullmatch(minor):
-            found.setdefault((node, minor), set()).add(gpu)
-    # A minor two GPUs claim names neither for sure (the rules drop it too).
-    unique = {key: gpus.pop() for key, gpus in found.items() if len(gpus) == 1}
-    out: dict[str, list[str]] = {}
-    for node, slurm_indices in slurm.items():
-        if node in reporting:
-            gpus = [unique[(node, i)] for i in slurm_indices if (node, i) in unique]
-        else:
-            gpus = list(slurm_indices)
-        out[node] = sorted(set(gpus), key=int)
-    return out
+    labels = [labels for labels, _ in client.query(f"max_over_time({minors}{span})", part.end)]
+    return nvml_indices(slurm, minor_map(labels), {label.get("node", "") for label in labels})
 
 
 def _pairs(
@@ -130,15 +102,14 @@ def figures(client: PromClient, part: Summary, start: float, end: float) -> None
         for gpu in gpus:
             part.gpus[(node, gpu)] = {}
     nodes = node_regex(part.nodes)
-    for kind, table in (("gpu", GPU_FIGURES), ("node", NODE_FIGURES)):
-        for name, (func, series) in table.items():
-            query = f'{func}({series}{{node=~"{nodes}"}}{span})'
-            for labels, value in client.query(query, end):
-                node = labels.get("node", "")
-                if kind == "node" and node in part.nodes:
-                    part.nodes[node][1][name] = value
-                elif (node, labels.get("gpu", "")) in part.gpus:
-                    part.gpus[(node, labels.get("gpu", ""))][name] = value
+    for (kind, name), (func, series) in FIGURES.items():
+        query = f'{func}({series}{{node=~"{nodes}"}}{span})'
+        for labels, value in client.query(query, end):
+            node = labels.get("node", "")
+            if kind == "node" and node in part.nodes:
+                part.nodes[node][1][name] = value
+            elif (node, labels.get("gpu", "")) in part.gpus:
+                part.gpus[(node, labels.get("gpu", ""))][name] = value
 
 
 THRESHOLD_SERIES = "gpufleet:slurm_idle_gpu_threshold:percent"

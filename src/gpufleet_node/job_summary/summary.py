@@ -47,6 +47,21 @@ MAX_DOWN = 64
 JOB_ID = re.compile(r"^[0-9]{1,12}$")
 SAFE_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 SAFE_GPU = re.compile(r"^[0-9]{1,4}$")
+# How each figure is measured over the job's span: (per GPU or per node, figure) ->
+# (range function, recording rule). gpufleet jobstats and the epilog both query these.
+FIGURES = {
+    ("gpu", "util_mean"): ("avg_over_time", "gpu:utilization_percent:max"),
+    ("gpu", "util_max"): ("max_over_time", "gpu:utilization_percent:max"),
+    ("gpu", "mem_used_max"): ("max_over_time", "gpu:memory_used_bytes:sum"),
+    ("gpu", "mem_total"): ("max_over_time", "gpu:memory_total_bytes:sum"),
+    ("gpu", "power_mean"): ("avg_over_time", "gpu:power_draw_watts:max"),
+    ("gpu", "power_max"): ("max_over_time", "gpu:power_draw_watts:max"),
+    ("node", "cpu_mean"): ("avg_over_time", "node:cpu_utilization:ratio"),
+    ("node", "cpu_max"): ("max_over_time", "node:cpu_utilization:ratio"),
+    ("node", "mem_max"): ("max_over_time", "node:memory_utilization:ratio"),
+    ("node", "mem_total"): ("max_over_time", "node:memory_total_bytes:sum"),
+    ("node", "cpus"): ("max_over_time", "node:cpus:count"),
+}
 MAX_GPUS_PER_NODE = 4096
 
 NODE_FIELDS = ("cpu_mean", "cpu_max", "mem_max", "mem_total", "cpus")

@@ -8,13 +8,7 @@ import pytest
 
 from gpufleet.cli import main
 from gpufleet.jobstats.collect import Figures, span_seconds
-from gpufleet.jobstats.discover import (
-    JobPlace,
-    check_job_id,
-    minor_map,
-    node_regex,
-    nvml_indices,
-)
+from gpufleet.jobstats.discover import JobPlace, check_job_id, node_regex
 from gpufleet.jobstats.idle import (
     THRESHOLD_SERIES,
     add,
@@ -27,6 +21,7 @@ from gpufleet.jobstats.idle import (
 from gpufleet.jobstats.promapi import Sample
 from gpufleet.jobstats.render import bar, clean, duration
 from gpufleet.jobstats.report import GpuStat, build_report, mean_utilization, ranges, verdict
+from gpufleet_node.job_summary.gpuids import minor_map, nvml_indices
 
 GIB = 1024.0**3
 
