@@ -10,15 +10,16 @@ Alertmanager mails bob@example.org once (the owner template) and sends the admin
 digest. This file runs before test_slurm_exporter.py, on an empty cluster, so the
 digest group is new (its interval is an hour) and no earlier idle job has mailed.
 
-Then `gpufleet jobstats` of each job, against what the doubles serve.
-
-The jobs' stored summaries (EpilogSlurmctld, wired in converge.yml) are not checked here:
-the epilog stores them in slurmdbd's record (sacctmgr), and this test bed has no slurmdbd.
+Then `gpufleet jobstats` of each job, against what the doubles serve; then alice's job
+ends, the epilog (EpilogSlurmctld, wired in converge.yml) stores its summary in the job's
+AdminComment in slurmdbd, the job's series are deleted from Prometheus, and `gpufleet
+jobstats` answers the same from the summary, read with sacct.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -194,12 +195,12 @@ def served(node) -> dict[str, dict[str, float]]:
     return rows
 
 
-def jobstats(ctl, job: str) -> dict:
+def jobstats(ctl, job: str, env: dict[str, str] | None = None) -> dict:
     code = "import sys; from gpufleet.cli import main; sys.exit(main(sys.argv[1:]))"
     prometheus = f"http://{host_address(ctl)}:9090"
     done = subprocess.run(
         [sys.executable, "-c", code, "jobstats", job, "--prometheus", prometheus, "--json"],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True, text=True, timeout=120, check=False, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
@@ -228,3 +229,43 @@ def test_jobstats_reports_what_the_double_served(ctl, gpu_nodes, jobs, which, no
         assert got["util"] == pytest.approx((want["util"], want["util"]), abs=0.5), got
         assert got["mem"] == pytest.approx((want["mem_used"], want["mem_total"]), rel=1e-3), got
         assert got["power"] == pytest.approx((want["power"], want["power"]), rel=1e-2), got
+
+
+def figures(report: dict) -> dict[tuple[str, str], tuple[float, ...]]:
+    names = ("util_mean", "util_max", "mem_used_max", "mem_total", "power_mean", "power_max")
+    return {(g["node"], g["gpu"]): tuple(g[name] for name in names) for g in report["gpus"]}
+
+
+def test_a_finished_jobs_summary_answers_after_its_series_are_gone(ctl, jobs, tmp_path):
+    """alice's job ends; the epilog stores its summary in slurmdbd (AdminComment). With the
+    job's series deleted from Prometheus, `gpufleet jobstats` says so and answers from the
+    summary, read with the controller's sacct: the same GPUs and figures as live."""
+    job = jobs[0]
+    live = jobstats(ctl, job)
+    end_jobs(ctl, [job])
+    sacct = f"sacct -j {job} -X -n -P -o AdminComment"
+    stored = eventually(lambda: ctl.check_output(sacct).startswith("GF1:"), 90, interval=2)
+    assert stored, ctl.run(f"{sacct}; journalctl -u slurmctld -n 30 --no-pager").stdout
+
+    match = urllib.parse.urlencode({"match[]": f'{{job_id="{job}"}}'})
+    for path in (f"delete_series?{match}", "clean_tombstones"):
+        url = f"http://{host_address(ctl)}:9090/api/v1/admin/tsdb/{path}"
+        urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=30).close()
+    assert not query(ctl, f'slurm_job_gpus_allocated{{job_id="{job}"}}[1h]')
+
+    # The controller's sacct, as where gpufleet runs on the controller.
+    shim = tmp_path / "sacct"
+    shim.write_text(f'#!/bin/sh\nexec podman exec {shlex.quote(ctl_name(ctl))} sacct "$@"\n')
+    shim.chmod(0o755)
+    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}")
+    report = jobstats(ctl, job, env)
+    assert report["running"] is False and report["verdict"] == live["verdict"] == "good"
+    assert any("AdminComment" in source for source in report["sources"]), report["sources"]
+    want, got = figures(live), figures(report)
+    assert got.keys() == want.keys() and len(got) == 2
+    for key, values in want.items():
+        assert got[key] == pytest.approx(values, rel=2e-2), (key, got[key])
+
+
+def ctl_name(ctl) -> str:
+    return ctl.backend.get_variables()["inventory_hostname"]

@@ -196,8 +196,11 @@ def test_exporter_runs_as_its_own_unprivileged_user(host):
     version = host.check_output("sinfo --version").split()[-1]  # "slurm 24.11.5"
     assert version.startswith("24.11."), version
     assert value(body, "slurm_info", type="general", version=version) == 1
-    for command in ("sinfo_nodes", "squeue", "scontrol_jobs", "sdiag", "sinfo_version"):
+    for command in ("sinfo_nodes", "squeue", "scontrol_jobs", "sdiag", "sinfo_version", "sshare"):
         assert value(body, "slurm_exporter_command_success", command=command) == 1, command
+    # slurmdbd's associations (prepare.yml): fair-share per account and per user.
+    assert value(body, "slurm_account_fairshare_raw_shares", account="physics") == 1
+    assert value(body, "slurm_user_fairshare_raw_shares", account="chem", user="bob") == 1
 
 
 def test_metrics_are_reachable_from_another_host(gpu_nodes):
