@@ -35,6 +35,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 STATE_DIR = Path(os.environ.get("GPUFLEET_TESTBED_DIR", REPO / ".cache" / "testbed"))
+PUBKEY = STATE_DIR / "id_ed25519.pub"  # ssh_key()'s public half, root's login on every host
 # Debian 12 and 13: the platforms meta/main.yml claims and CI runs.
 SUITES = ("bookworm", "trixie")
 DEFAULT_SUITE = "bookworm"
@@ -161,8 +162,7 @@ def recipe_digest(suite: str) -> str:
             "base": BASE_PACKAGES,
             "cached": PRECACHED_PACKAGES,
             "dropin": SSHD_KEYGEN_DROPIN,
-            "pubkey": ssh_key().with_suffix(".pub").read_text(),
-            "version": 3,
+            "version": 4,
         },
         sort_keys=True,
     )
@@ -184,11 +184,9 @@ def image_exists(tag: str) -> bool:
 
 
 def prepare_rootfs(rootfs: Path) -> None:
-    pubkey = ssh_key().with_suffix(".pub").read_text()
-    ssh_dir = rootfs / "root" / ".ssh"
-    ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    (ssh_dir / "authorized_keys").write_text(pubkey)
-    (ssh_dir / "authorized_keys").chmod(0o600)
+    # The login key is mounted at start (start_host), not baked in: one image serves every
+    # checkout of the machine, each with its own key.
+    (rootfs / "root" / ".ssh").mkdir(mode=0o700, parents=True, exist_ok=True)
     for host_key in (rootfs / "etc" / "ssh").glob("ssh_host_*"):
         host_key.unlink()
     dropin = rootfs / "etc" / "systemd" / "system" / "ssh.service.d"
@@ -295,7 +293,7 @@ SHAPE_LABEL = "gpufleet.testbed.shape"
 
 def shape(host: Host, network: str) -> str:
     """What a running host must have been started with to be kept as it is."""
-    wanted = [host.suite, host.address, network, *host.podman_args]
+    wanted = [host.suite, host.address, network, str(PUBKEY), *host.podman_args]
     return hashlib.sha256(json.dumps(wanted).encode()).hexdigest()[:16]
 
 
@@ -308,8 +306,8 @@ def start_host(host: Host, network: str, tag: str) -> None:
         ).stdout.strip()  # fmt: skip
         if started_as != shape(host, network):
             raise SystemExit(
-                f"testbed: {name} runs with another suite, address, network or podman "
-                "arguments than asked (an older test bed?): remove it first (scripts/demo "
+                f"testbed: {name} runs with another suite, address, network, login key or "
+                "podman arguments than asked (an older test bed?): remove it first (scripts/demo "
                 "down, or molecule destroy)"
             )
         return
@@ -342,6 +340,8 @@ def start_host(host: Host, network: str, tag: str) -> None:
             "gpufleet.testbed=1",
             "--label",
             f"{SHAPE_LABEL}={shape(host, network)}",
+            "--volume",
+            f"{PUBKEY}:/root/.ssh/authorized_keys:ro",
             *host.podman_args,
             tag,
             "/sbin/init",
