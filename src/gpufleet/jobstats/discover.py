@@ -28,7 +28,6 @@ JOB_ID = re.compile(r"^[0-9]{1,12}$")
 # What squeue/sacct print for an array task (123_4) or a het component (123+1).
 DISPLAY_ID = re.compile(r"^[0-9]{1,12}[_+][0-9]{1,9}$")
 MAX_GPUS_PER_NODE = 4096
-# Node names and GPU indices as they may appear in a PromQL regex: nothing else passes.
 SPAN_STEP_S = 60  # resolution of the start time
 # The span's subquery steps fall on whole minutes: a running or just-ended job's last
 # samples, past the last step, are found at a 1 s step over this many seconds before now.
@@ -128,6 +127,9 @@ def span_of(client: PromClient, selector: str, lookback_s: int, now: float) -> t
         # that sample is in the last step (at 1 s).
         young = f"min(min_over_time({ts}[{coarse + SPAN_STEP_S}s:1s]))"
         starts = client.query(young, now)
+    if not starts and not ends:
+        # Over, and shorter than one coarse step: no coarse point saw it.
+        return brief_span(client, selector, lookback_s, now) or (now, now)
     start = starts[0].value if starts else now
     end = max(sample.value for sample in ends) if ends else now
     if coarse > SPAN_STEP_S and starts and ends:
@@ -139,6 +141,28 @@ def span_of(client: PromClient, selector: str, lookback_s: int, now: float) -> t
         start = first[0].value if first else start
         end = max(end, last[0].value) if last else end
     return min(start, end), end
+
+
+def brief_span(
+    client: PromClient, selector: str, lookback_s: int, now: float
+) -> tuple[float, float] | None:
+    """(first, last sample time) of a finished job shorter than the coarse step, or None.
+
+    A range query of sample counts per window covers every sample (the windows tile the
+    lookback); the first and the last window with any are then searched at 1 s.
+    """
+    window = max(SPAN_STEP_S, -(-lookback_s // MAX_POINTS))
+    counts = f"count(count_over_time({selector}[{window}s]))"
+    seen = client.query_range(counts, now - lookback_s, now, window)
+    times = sorted(t for _, values in seen for t, count in values if count > 0)
+    if not times:
+        return None
+    ts = f"timestamp({selector})[{window + SPAN_STEP_S}s:1s]"
+    first = client.query(f"min(min_over_time({ts}))", times[0])
+    last = client.query(f"max(max_over_time({ts}))", times[-1])
+    if not first or not last:
+        return None
+    return min(first[0].value, last[0].value), last[0].value
 
 
 def allocation(

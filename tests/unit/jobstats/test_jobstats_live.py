@@ -75,6 +75,20 @@ def test_a_job_younger_than_the_coarse_step_has_its_span(prom: Prom) -> None:
     assert place.gpus_allocated
 
 
+def test_a_finished_job_shorter_than_the_coarse_step_has_its_span(prom: Prom) -> None:
+    """A job that ended and lasted less than the coarse step may have no coarse point at
+    all (a one-minute job in a 30-day lookback). Here the 2-hour job, with a lookback whose
+    coarse step is longer than the job and its 5 minutes of lookback delta, and no coarse
+    point between: its span is still from its first sample to its last."""
+    url, job, _ = prom
+    tail = job.end + 300  # an instant query still sees the last sample until then
+    coarse = next(c for c in range(7_600, 20_000, 7) if (job.start - 1) // c == tail // c)
+    now = job.end + 3600
+    place = find_job(PromClient(url), job.job_id, coarse * 20_000, now)
+    assert place.gpus_allocated == {"n1": 4, "n2": 2}
+    assert (place.start, place.end) == (pytest.approx(job.start, abs=30), job.end)
+
+
 def test_text_report_has_bars_and_advice(prom: Prom, capsys: pytest.CaptureFixture[str]) -> None:
     url, job, _ = prom
     code, out, _ = run(capsys, "jobstats", job.job_id, "--prometheus", url, "--stats")
