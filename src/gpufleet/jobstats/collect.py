@@ -13,9 +13,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from gpufleet.jobstats.discover import JobPlace, node_regex
+from gpufleet.jobstats.discover import JobPlace
 from gpufleet.jobstats.promapi import PromClient
-from gpufleet_node.job_summary.summary import FIGURES, SAFE_GPU
+from gpufleet_node.job_summary.summary import FIGURES, SAFE_GPU, node_regex
 
 
 @dataclass(frozen=True)

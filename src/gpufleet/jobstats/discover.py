@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from gpufleet.jobstats.promapi import PromClient
 from gpufleet_node.job_summary.gpuids import minor_map, nvml_indices
-from gpufleet_node.job_summary.summary import SAFE_GPU, SAFE_NODE, JobIdentity
+from gpufleet_node.job_summary.summary import SAFE_GPU, SAFE_NODE, JobIdentity, node_regex
 
 # Slurm job ids as the exporter labels them: the numeric JobId (an array task or a
 # heterogeneous component has one of its own).
@@ -76,11 +76,6 @@ def check_job_id(job_id: str) -> str:
     if not JOB_ID.fullmatch(job_id):
         raise ValueError(f"{job_id[:40]!r} is not a Slurm job id (digits)")
     return job_id
-
-
-def node_regex(nodes: list[str]) -> str:
-    """A PromQL regex matching exactly these nodes (names were checked by SAFE_NODE)."""
-    return "|".join(node.replace(".", "\\\\.") for node in sorted(nodes))
 
 
 def find_job(client: PromClient, job_id: str, lookback_s: int, now: float) -> JobPlace:

@@ -21,6 +21,7 @@ from gpufleet_node.job_summary.summary import (
     SAFE_GPU,
     SAFE_NODE,
     Summary,
+    node_regex,
 )
 
 SPAN_STEP_S = 60
@@ -28,11 +29,6 @@ SPAN_STEP_S = 60
 # epilog runs) its last samples are past the last step: they are found at a 1 s step over
 # this many seconds before now.
 LAST_SAMPLES_S = 2 * SPAN_STEP_S
-
-
-def node_regex(nodes: Iterable[str]) -> str:
-    """A PromQL regex matching exactly these nodes (names passed SAFE_NODE)."""
-    return "|".join(node.replace(".", "\\\\.") for node in sorted(nodes))
 
 
 def find(client: PromClient, job_id: str, lookback_s: int, now: float) -> Summary:

@@ -8,7 +8,7 @@ import pytest
 
 from gpufleet.cli import main
 from gpufleet.jobstats.collect import Figures, span_seconds
-from gpufleet.jobstats.discover import JobPlace, check_job_id, node_regex
+from gpufleet.jobstats.discover import JobPlace, check_job_id
 from gpufleet.jobstats.idle import (
     THRESHOLD_SERIES,
     add,
@@ -22,6 +22,7 @@ from gpufleet.jobstats.promapi import Sample
 from gpufleet.jobstats.render import bar, clean, duration
 from gpufleet.jobstats.report import GpuStat, build_report, mean_utilization, ranges, verdict
 from gpufleet_node.job_summary.gpuids import minor_map, nvml_indices
+from gpufleet_node.job_summary.summary import node_regex
 
 GIB = 1024.0**3
 
