@@ -38,6 +38,8 @@ DATA = Path(__file__).resolve().parent / "data"
 
 H100 = CAPTURES / "linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt"
 H100_MIG = CAPTURES / "linux-x86_64__nvidia-h100-mig__590.48.01.txt"
+# gpufleet's own capture: the lent device machine, 2026-11-27 (fixtures README)
+H200 = CAPTURES / "linux-x86_64__nvidia-h200__580.159.04.txt"
 L40S = CAPTURES / "linux-x86_64__nvidia-l40s__595.80.txt"
 RTX4080 = CAPTURES / "linux-x86_64__nvidia-geforce-rtx-4080-super__595.71.05.txt"
 RTX2080 = CAPTURES / "linux-x86_64__nvidia-geforce-rtx-2080-super__595.71.05.txt"

@@ -14,6 +14,7 @@ from gpu_helpers import (
     COLLECTOR_ZIPAPP,
     FAKE_SMI,
     H100_MIG,
+    H200,
     L40S,
     RTX2080,
     RTX4080,
@@ -120,6 +121,51 @@ def test_h100_load_exact_values(fake_smi, run_collector):
     assert one(text, "node_gpu_sm_clock_hertz") == 1980e6
     assert one(text, "node_gpu_compute_processes") == 3
     assert one(text, "node_gpu_compute_processes_used_memory_bytes") == (2566 + 1542 + 15690) * MIB
+
+
+def test_h200_device_machine_capture_idle_and_load(fake_smi, run_collector):
+    """gpufleet's own H200 capture (driver 580.159.04, one torch bf16 matmul process):
+    every field read, and the load visible in utilization, power, clocks and events."""
+    fake_smi.set(capture=H200, state="idle")
+    idle = run_collector("--expected-gpus", "1")
+    fake_smi.set(state="load")
+    load = run_collector("--expected-gpus", "1")
+    for text in (idle, load):
+        assert one(text, "node_gpu_collector_success") == 1
+        assert one(text, "node_gpu_devices") == 1
+        assert one(text, "node_gpu_unreadable_fields") == 0
+        assert one(text, "node_gpu_memory_total_bytes") == 143771 * MIB
+        assert one(text, "node_gpu_memory_reserved_bytes") == 616 * MIB
+        assert one(text, "node_gpu_power_limit_watts") == 700
+        assert one(text, "node_gpu_ecc_mode_enabled") == 1
+        assert "node_gpu_fan_speed_ratio" not in names_of(text)  # [N/A]: passive cooling
+        assert "node_gpu_retired_pages" not in names_of(text)  # [N/A]: Hopper remaps rows
+    assert 'model="NVIDIA H200"' in idle and 'driver_version="580.159.04"' in idle
+    assert one(idle, "node_gpu_utilization_percent") == 0
+    assert one(load, "node_gpu_utilization_percent") == 100
+    assert one(load, "node_gpu_utilization_percent") > 50
+    assert one(idle, "node_gpu_memory_used_bytes") == 0
+    assert one(load, "node_gpu_memory_used_bytes") == 11341 * MIB
+    assert one(load, "node_gpu_memory_utilization_ratio") == pytest.approx(0.25)
+    assert one(idle, "node_gpu_power_draw_watts") == 75.94
+    assert one(load, "node_gpu_power_draw_watts") == 692.59
+    assert one(load, "node_gpu_power_draw_watts") > one(idle, "node_gpu_power_draw_watts")
+    assert one(idle, "node_gpu_temperature_celsius") == 34
+    assert one(load, "node_gpu_temperature_celsius") == 57
+    assert one(load, "node_gpu_memory_temperature_celsius") == 51
+    assert one(load, "node_gpu_temperature_tlimit_margin_celsius") == 27
+    assert one(idle, "node_gpu_sm_clock_hertz") == 345e6
+    assert one(load, "node_gpu_sm_clock_hertz") == 1455e6  # held under 1980 by the power cap
+    assert one(idle, "node_gpu_clock_event_reason_active", reason="gpu_idle") == 1
+    assert one(load, "node_gpu_clock_event_reason_active", reason="gpu_idle") == 0
+    assert one(load, "node_gpu_clock_event_reason_active", reason="sw_power_cap") == 1
+    seconds = one(load, "node_gpu_clock_event_reason_seconds_total", reason="sw_power_cap")
+    assert seconds == pytest.approx(16.708383)
+    # supported mask 0x1FF: the display_clocks_setting bit is reported too
+    assert one(idle, "node_gpu_clock_event_reason_active", reason="display_clocks_setting") == 0
+    assert one(idle, "node_gpu_compute_processes") == 0
+    assert one(load, "node_gpu_compute_processes") == 1
+    assert one(load, "node_gpu_compute_processes_used_memory_bytes") == 11332 * MIB
 
 
 def test_consumer_cards_fan_zero_is_present_and_ecc_absent(fake_smi, run_collector):
