@@ -101,9 +101,9 @@ parts: list[Part] = []
 
 
 def run_part(
+    argv: list[str],
     name: str,
     lane: str,
-    argv: list[str],
     logs: Path,
     *,
     env: dict[str, str] | None = None,
@@ -189,10 +189,6 @@ def scenario_deadline(scenario: str) -> float:
     return max(DEADLINE_FLOOR, DEADLINE_FACTOR * EXPECTED_SECONDS.get(scenario, 600))
 
 
-def molecule_argv(scenario: str) -> list[str]:
-    return ["molecule", "test", "-s", scenario]
-
-
 def scenario_lane(lane: str, queue: list[str], lock: threading.Lock, logs: Path) -> None:
     while True:
         with lock:
@@ -200,9 +196,9 @@ def scenario_lane(lane: str, queue: list[str], lock: threading.Lock, logs: Path)
                 return
             scenario = queue.pop(0)
         run_part(
+            ["molecule", "test", "-s", scenario],
             f"scenario {scenario}",
             lane,
-            molecule_argv(scenario),
             logs,
             deadline=scenario_deadline(scenario),
             scenario=scenario,
@@ -238,9 +234,9 @@ def checks_lane(logs: Path, floor: str) -> None:
             ["bash", "-c", script], cwd=REPO, stdout=venv_log, stderr=subprocess.STDOUT
         )
     run_part(
-        "unit tests", "checks", ["pytest", "-q", "-n", "1", "-p", "no:cacheprovider", "tests"], logs
+        ["pytest", "-q", "-n", "1", "-p", "no:cacheprovider", "tests"], "unit tests", "checks", logs
     )
-    run_part("ansible-lint", "checks", ["ansible-lint"], logs)
+    run_part(["ansible-lint"], "ansible-lint", "checks", logs)
     if venv is None:
         return
     venv_start = now()
@@ -256,15 +252,13 @@ def checks_lane(logs: Path, floor: str) -> None:
     ).stdout.splitlines()[:1]
     say(f"== [checks] the floor: {' '.join(version)}")
     unit = run_part(
+        ["pytest", "-q", "-n", "1", "-p", "no:cacheprovider", *FLOOR_UNIT_TESTS],
         f"floor {floor}: unit tests",
         "checks",
-        ["pytest", "-q", "-n", "1", "-p", "no:cacheprovider", *FLOOR_UNIT_TESTS],
         logs,
         env=env,
     )
     jobstats = run_part(
-        f"floor {floor}: jobstats -i",
-        "checks",
         [
             "pytest",
             "-q",
@@ -274,14 +268,16 @@ def checks_lane(logs: Path, floor: str) -> None:
             "-k",
             "inventory",
         ],
+        f"floor {floor}: jobstats -i",
+        "checks",
         logs,
         env=env,
     )
     if unit.rc == 0 and jobstats.rc == 0:
         run_part(
+            ["molecule", "test", "-s", "default"],
             f"floor {floor}: scenario default",
             "checks",
-            molecule_argv("default"),
             logs,
             env=env,
             deadline=scenario_deadline("default"),
@@ -369,17 +365,20 @@ def write_table() -> None:
 
 
 def lint(logs: Path) -> bool:
-    for name, argv in (
-        ("ruff check", ["ruff", "check", "."]),
-        ("ruff format", ["ruff", "format", "--check", "."]),
+    results = [
+        run_part(["ruff", "check", "."], "lint: ruff check", "main", logs),
+        run_part(["ruff", "format", "--check", "."], "lint: ruff format", "main", logs),
         # The node package, strictly, for its Python 3.9 floor (pyproject.toml [tool.mypy]).
-        ("mypy gpufleet_node", ["mypy", "--python-version", "3.9", "src/gpufleet_node"]),
+        run_part(
+            ["mypy", "--python-version", "3.9", "src/gpufleet_node"],
+            "lint: mypy node",
+            "main",
+            logs,
+        ),
         # Of src/gpufleet, the jobstats package so far (the rest has open mypy errors).
-        ("mypy jobstats", ["mypy", "src/gpufleet/jobstats"]),
-    ):
-        if run_part(f"lint: {name}", "main", argv, logs).rc != 0:
-            return False
-    return True
+        run_part(["mypy", "src/gpufleet/jobstats"], "lint: mypy jobstats", "main", logs),
+    ]
+    return all(part.rc == 0 for part in results)
 
 
 def main(argv: list[str]) -> int:
@@ -406,7 +405,7 @@ def main(argv: list[str]) -> int:
     if scenarios or full:
         suites = [f"--suite={s}" for s in suites_of(scenarios or ["default"])]
         testbed = [sys.executable, "molecule/testbed/testbed.py", "image", *suites]
-        images = threading.Thread(target=run_part, args=("images", "main", testbed, logs))
+        images = threading.Thread(target=run_part, args=(testbed, "images", "main", logs))
         images.start()
     lint_ok = lint(logs)
     if images is not None:
