@@ -13,28 +13,48 @@ import subprocess
 import sys
 import time
 import urllib.parse
-import urllib.request
 from typing import Any
+
+# gpufleet's one HTTP client: one deadline for the whole exchange, a bound on the body.
+from gpufleet_node.httpclient import FetchError, fetch
 
 ALERT = "SlurmJobGpuIdle"
 FIRING = f'ALERTS{{alertname="{ALERT}",alertstate="firing"}}'
+TIMEOUT_S = 10.0
 
 
-def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        return json.load(answer)
+class NotAnswering(OSError):
+    """No usable answer (refused, timeout, HTTP error, not JSON); one line."""
+
+
+def get_json(url: str, timeout: float = TIMEOUT_S) -> Any:
+    try:
+        answer = fetch(url, timeout)
+    except FetchError as error:
+        raise NotAnswering(f"{url.split('?')[0]}: {error}") from error
+    if not answer.ok:
+        raise NotAnswering(f"{url.split('?')[0]}: HTTP {answer.status} {answer.reason}")
+    try:
+        return json.loads(answer.body)
+    except (ValueError, RecursionError) as error:
+        raise NotAnswering(f"{url.split('?')[0]}: answer is not JSON") from error
 
 
 def query(prometheus: str, promql: str) -> list[dict[str, Any]]:
     url = f"{prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-    result: list[dict[str, Any]] = get_json(url)["data"]["result"]
+    answer = get_json(url)
+    result = answer.get("data", {}).get("result") if isinstance(answer, dict) else None
+    if not isinstance(result, list):
+        raise NotAnswering(f"{prometheus}: not a Prometheus API answer")
     return result
 
 
 def am_alerts(alertmanager: str) -> list[dict[str, Any]]:
     matcher = urllib.parse.urlencode({"filter": f'alertname="{ALERT}"'})
     url = f"{alertmanager}/api/v2/alerts?{matcher}"
-    alerts: list[dict[str, Any]] = get_json(url)
+    alerts = get_json(url)
+    if not isinstance(alerts, list):
+        raise NotAnswering(f"{alertmanager}: not an Alertmanager API answer")
     return alerts
 
 
@@ -77,8 +97,12 @@ def safely(status: Any) -> str:
 
 
 def job_ids(prometheus: str) -> list[str]:
-    ids = {s["metric"]["job_id"] for s in query(prometheus, "slurm_job_gpus_allocated")}
-    return sorted(ids, key=lambda job: (len(job), job))
+    """The running jobs' ids (digits only: each goes on a command line)."""
+    samples = query(prometheus, "slurm_job_gpus_allocated")
+    ids = {str(s.get("metric", {}).get("job_id", "")) for s in samples}
+    return sorted(
+        (job for job in ids if job.isascii() and job.isdigit()), key=lambda job: (len(job), job)
+    )
 
 
 def describe(alert: dict[str, Any]) -> str:

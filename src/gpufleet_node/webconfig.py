@@ -11,7 +11,7 @@ import re
 import ssl
 import threading
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -173,6 +173,35 @@ def bcrypt_module() -> types.ModuleType:
 
 
 _BCRYPT_COST_RE = re.compile(r"^\$2[abxy]?\$([0-9]{2})\$")
+# RFC 7235 section 2.1: credentials = auth-scheme 1*SP token68. The scheme is a token
+# and case-insensitive ("Basic", "basic", "BASIC"); ASCII only (re.ASCII, and no
+# IGNORECASE: that would let U+017F match "s"). Surrounding whitespace is the header's.
+_CREDENTIALS_RE = re.compile(r"([!#$%&'*+.^_`|~0-9A-Za-z-]+)[ \t]+([A-Za-z0-9+/]+={0,2})", re.ASCII)
+
+
+def basic_credentials(headers: str | Sequence[str] | None) -> tuple[str, str] | None:
+    """(user, password) of an ``Authorization`` header of the Basic scheme, else None.
+
+    RFC 7617 over RFC 7235's grammar: the scheme matched case-insensitively, one or more
+    spaces before the base64 token68, whose decoding must be UTF-8 ``user:password``.
+    ``headers`` may be every Authorization header of the request: more than one is
+    ambiguous (which would a proxy have checked?) and logs in as no one.
+    """
+    if headers is None or isinstance(headers, str):
+        values = [] if headers is None else [headers]
+    else:
+        values = list(headers)
+    if len(values) != 1:
+        return None
+    match = _CREDENTIALS_RE.fullmatch(values[0].strip(" \t"))
+    if match is None or match.group(1).lower() != "basic":
+        return None
+    try:
+        decoded = base64.b64decode(match.group(2), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
+    user, sep, password = decoded.partition(":")
+    return (user, password) if sep else None
 
 
 class Authenticator:
@@ -210,21 +239,18 @@ class Authenticator:
         except ValueError:  # a malformed hash, a NUL byte: not a match
             return False
 
-    def allowed(self, header: str | None, users: Mapping[str, str]) -> bool:
+    def allowed(self, headers: str | Sequence[str] | None, users: Mapping[str, str]) -> bool:
+        """Whether the request's Authorization header(s) log in as one of ``users``."""
         if not users:
             return True
-        if not header or not header.startswith("Basic "):
+        credentials = basic_credentials(headers)
+        if credentials is None:
             return False
-        try:
-            user, sep, password = (
-                base64.b64decode(header[6:], validate=True).decode().partition(":")
-            )
-        except (binascii.Error, UnicodeDecodeError, ValueError):
-            return False
+        user, password = credentials
         secret = password.encode()
         if len(secret) > BCRYPT_MAX_PASSWORD:
             return False
-        hashed = users.get(user) if sep else None
+        hashed = users.get(user)
         if hashed is None:
             self._checkpw(secret, self._dummy_hash(users))  # same time as a known user
             return False

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from gpufleet.jobstats.discover import JobPlace
 from gpufleet.jobstats.promapi import PromClient
-from gpufleet_node.job_summary.summary import FIGURES, SAFE_GPU, node_regex
+from gpufleet_node.job_summary.summary import FIGURES, SAFE_GPU, figure_value, node_regex
 
 
 @dataclass(frozen=True)
@@ -45,12 +45,13 @@ def collect(client: PromClient, place: JobPlace) -> Figures:
     for (kind, name), samples in answers.items():
         for sample in samples:
             node = sample.labels.get("node", "")
-            if node not in place.gpus_allocated:
+            value = figure_value(sample.value)  # NaN, Inf, negative: no figure, as stored
+            if node not in place.gpus_allocated or value is None:
                 continue
             if kind == "node":
-                node_figures.setdefault(node, {})[name] = sample.value
+                node_figures.setdefault(node, {})[name] = value
                 continue
             gpu = sample.labels.get("gpu", "")
             if SAFE_GPU.fullmatch(gpu):
-                gpus.setdefault((node, gpu), {})[name] = sample.value
+                gpus.setdefault((node, gpu), {})[name] = value
     return Figures(gpus, node_figures)

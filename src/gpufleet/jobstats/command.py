@@ -10,7 +10,6 @@ A job Prometheus no longer holds is reported from the summary the slurmctld epil
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +31,7 @@ from gpufleet.jobstats.targets import (
     prometheus_hosts,
     single,
 )
-from gpufleet_node.job_summary.summary import Summary
+from gpufleet_node.numbers import strict_dumps
 
 EXIT_NO_DATA = 3
 PASSWORD_ENV = "GPUFLEET_PROMETHEUS_PASSWORD"
@@ -190,8 +189,8 @@ def run_jobstats(args: argparse.Namespace) -> Outcome:
     if args.summary:
         if args.prometheus or args.inventory:
             raise ValueError("--summary reads no Prometheus: drop --prometheus/-i")
-        summary = _stored(lambda: stored.from_file(args.summary, job_id))
-        return stored_report(args, summary, f"the summary in {args.summary}")
+        found = _stored(lambda: stored.from_file(args.summary, job_id))
+        return stored_report(args, found, f"the summary in {args.summary}")
     if not (args.prometheus or args.inventory):
         if not stored.sacct_available():
             raise ValueError("give --prometheus URL, -i INVENTORY or --summary FILE")
@@ -202,10 +201,10 @@ def run_jobstats(args: argparse.Namespace) -> Outcome:
         if not stored.sacct_available():
             raise
         try:
-            summary = stored.from_sacct(job_id)
+            found = stored.from_sacct(job_id)
         except stored.NoSummary as why:
             raise NoData(f"{err}; no stored summary either: {why}") from err
-        outcome = stored_report(args, summary, SACCT_SOURCE)
+        outcome = stored_report(args, found, SACCT_SOURCE)
         outcome.stderr.insert(0, f"gpufleet jobstats: {err}")
         return outcome
 
@@ -213,16 +212,17 @@ def run_jobstats(args: argparse.Namespace) -> Outcome:
 SACCT_SOURCE = "the summary stored at the job's end (its AdminComment, read with sacct)"
 
 
-def _stored(read: Any) -> Summary:
+def _stored(read: Any) -> stored.Found:
     try:
-        summary: Summary = read()
+        found: stored.Found = read()
     except stored.NoSummary as err:
         raise NoData(str(err)) from err
-    return summary
+    return found
 
 
-def stored_report(args: argparse.Namespace, summary: Summary, source: str) -> Outcome:
+def stored_report(args: argparse.Namespace, found: stored.Found, source: str) -> Outcome:
     """The report from a stored summary: the same figures, verdict computed again."""
+    summary, notes = found
     place, figures = stored.place_and_figures(summary)
     threshold = args.threshold
     if threshold is None:  # the site's, as stored; a summary from before it: the default
@@ -241,9 +241,10 @@ def stored_report(args: argparse.Namespace, summary: Summary, source: str) -> Ou
     report.sources = [source]
     # Holes exit EXIT_NO_DATA, as a live report with a shard down does.
     code = EXIT_NO_DATA if summary.down or summary.dropped else 0
+    stderr = [f"gpufleet jobstats: {note}" for note in notes]
     if args.json:
-        return Outcome(render.job_json(report), code)
-    return Outcome(f"{render.job_text(report)}\nsource: {source}", code)
+        return Outcome(render.job_json(report), code, stderr)
+    return Outcome(f"{render.job_text(report)}\nsource: {source}", code, stderr)
 
 
 def live_jobstats(args: argparse.Namespace, job_id: str) -> Outcome:
@@ -337,8 +338,8 @@ def run_report_idle(args: argparse.Namespace) -> Outcome:
         "by_user": idle.rows(totals["user"], "user"),
         "by_account": idle.rows(totals["account"], "account"),
     }
-    text = json.dumps(result, indent=2) if args.json else render.idle_text(result)
-    notes = [f"gpufleet report: {line}" for line in unset]
+    text = strict_dumps(result, indent=2) if args.json else render.idle_text(result)
+    notes = [f"gpufleet report: {line}" for line in unset + idle.rejected_notes(totals)]
     return Outcome(text, 0, notes + stats_text(args, stats))
 
 

@@ -15,16 +15,24 @@ covers its last run (nodes, GPUs and span), and says when the earlier one ended.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from dataclasses import dataclass, field
 
-from gpufleet.jobstats.promapi import PromClient
+from gpufleet.jobstats.promapi import PromClient, Sample
 from gpufleet_node.job_summary.gpuids import minor_map, nvml_indices
-from gpufleet_node.job_summary.summary import SAFE_GPU, SAFE_NODE, JobIdentity, node_regex
+from gpufleet_node.job_summary.summary import (
+    JOB_ID,
+    MAX_TIME,
+    SAFE_GPU,
+    SAFE_NODE,
+    JobIdentity,
+    canonical_job_id,
+    node_regex,
+)
+from gpufleet_node.numbers import in_range
 
-# Slurm job ids as the exporter labels them: the numeric JobId (an array task or a
-# heterogeneous component has one of its own).
-JOB_ID = re.compile(r"^[0-9]{1,12}$")
+__all__ = ["JOB_ID", "JobPlace", "check_job_id", "find_job"]
 # What squeue/sacct print for an array task (123_4) or a het component (123+1).
 DISPLAY_ID = re.compile(r"^[0-9]{1,12}[_+][0-9]{1,9}$")
 MAX_GPUS_PER_NODE = 4096
@@ -73,9 +81,7 @@ def check_job_id(job_id: str) -> str:
             f"{job_id!r} is an array task or a heterogeneous component: give its own JobId "
             "(squeue -o %A or sacct -X -o JobIDRaw)"
         )
-    if not JOB_ID.fullmatch(job_id):
-        raise ValueError(f"{job_id[:40]!r} is not a Slurm job id (digits)")
-    return job_id
+    return canonical_job_id(job_id)
 
 
 def find_job(client: PromClient, job_id: str, lookback_s: int, now: float) -> JobPlace:
@@ -87,9 +93,9 @@ def find_job(client: PromClient, job_id: str, lookback_s: int, now: float) -> Jo
     place.start, place.end = span_of(client, selector, lookback_s, now)
     step = max(SPAN_STEP_S, -(-(place.end - place.start) // MAX_POINTS))
     presence = client.query_range(f"count({selector})", place.start, place.end, step)
-    times = sorted(t for _, values in presence for t, _ in values)
-    if times:
-        start, earlier_end = last_run(times, GAP_STEPS * step)
+    seen = sorted(t for _, values in presence for t, _ in values if math.isfinite(t))
+    if seen:
+        start, earlier_end = last_run(seen, GAP_STEPS * step)
         if earlier_end:
             window = round(place.end - start) + SPAN_STEP_S
             rescoped = allocation(client, JobPlace(job_id=job_id), selector, window, place.end)
@@ -104,6 +110,13 @@ def find_job(client: PromClient, job_id: str, lookback_s: int, now: float) -> Jo
     return place
 
 
+def times(samples: list[Sample]) -> list[float]:
+    """The sample values that are Unix times (``timestamp()`` answers); NaN, +/-Inf,
+    negative or far-future values are no time and are dropped."""
+    found = (in_range(sample.value, 0, MAX_TIME) for sample in samples)
+    return [value for value in found if value is not None]
+
+
 def span_of(client: PromClient, selector: str, lookback_s: int, now: float) -> tuple[float, float]:
     """(first, last sample time) of ``selector`` in the lookback, to SPAN_STEP_S.
 
@@ -112,29 +125,29 @@ def span_of(client: PromClient, selector: str, lookback_s: int, now: float) -> t
     """
     coarse = max(SPAN_STEP_S, -(-lookback_s // MAX_SUBQUERY_POINTS))
     ts = f"timestamp({selector})"
-    starts = client.query(f"min(min_over_time({ts}[{lookback_s}s:{coarse}s]))", now)
-    ends = client.query(f"max(max_over_time({ts}[{lookback_s}s:{coarse}s]))", now)
+    starts = times(client.query(f"min(min_over_time({ts}[{lookback_s}s:{coarse}s]))", now))
+    ends = times(client.query(f"max(max_over_time({ts}[{lookback_s}s:{coarse}s]))", now))
     # The last samples at 1 s: a step may miss one just before its staleness marker.
     recent = f"max(max_over_time({ts}[{LAST_SAMPLES_S}s:1s]))"
-    ends += client.query(recent, now)
+    ends += times(client.query(recent, now))
     if not starts and ends:
         # Younger than one coarse step: no coarse point after its first sample yet, so
         # that sample is in the last step (at 1 s).
         young = f"min(min_over_time({ts}[{coarse + SPAN_STEP_S}s:1s]))"
-        starts = client.query(young, now)
+        starts = times(client.query(young, now))
     if not starts and not ends:
         # Over, and shorter than one coarse step: no coarse point saw it.
         return brief_span(client, selector, lookback_s, now) or (now, now)
-    start = starts[0].value if starts else now
-    end = max(sample.value for sample in ends) if ends else now
+    start = starts[0] if starts else now
+    end = max(ends) if ends else now
     if coarse > SPAN_STEP_S and starts and ends:
         # The coarse first point is at most one coarse step after the first sample, and the
         # last one at most one before the last sample (a staleness marker may hide it).
         near = f"[{coarse + SPAN_STEP_S}s:{SPAN_STEP_S}s]"
-        first = client.query(f"min(min_over_time({ts}{near}))", start)
-        last = client.query(f"max(max_over_time({ts}{near}))", min(now, end + coarse))
-        start = first[0].value if first else start
-        end = max(end, last[0].value) if last else end
+        first = times(client.query(f"min(min_over_time({ts}{near}))", start))
+        last = times(client.query(f"max(max_over_time({ts}{near}))", min(now, end + coarse)))
+        start = first[0] if first else start
+        end = max(end, last[0]) if last else end
     return min(start, end), end
 
 
@@ -149,15 +162,16 @@ def brief_span(
     window = max(SPAN_STEP_S, -(-lookback_s // MAX_POINTS))
     counts = f"count(count_over_time({selector}[{window}s]))"
     seen = client.query_range(counts, now - lookback_s, now, window)
-    times = sorted(t for _, values in seen for t, count in values if count > 0)
-    if not times:
+    found = sorted(t for _, values in seen for t, count in values if count > 0)
+    found = [t for t in found if in_range(t, 0, MAX_TIME) is not None]
+    if not found:
         return None
     ts = f"timestamp({selector})[{window + SPAN_STEP_S}s:1s]"
-    first = client.query(f"min(min_over_time({ts}))", times[0])
-    last = client.query(f"max(max_over_time({ts}))", times[-1])
+    first = times(client.query(f"min(min_over_time({ts}))", found[0]))
+    last = times(client.query(f"max(max_over_time({ts}))", found[-1]))
     if not first or not last:
         return None
-    return min(first[0].value, last[0].value), last[0].value
+    return min(first[0], last[0]), last[0]
 
 
 def allocation(

@@ -15,12 +15,12 @@ labels); the global tier cannot answer it (those series are not federated).
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
 from gpufleet.jobstats.promapi import PromClient, PromError
 from gpufleet.jobstats.report import IDLE_THRESHOLD
+from gpufleet_node.numbers import finite, in_range
 
 DURATION = re.compile(r"^([1-9][0-9]{0,4})([hdw])$")
 HOURS = {"h": 1, "d": 24, "w": 168}
@@ -36,7 +36,7 @@ def site_threshold(client: PromClient, now: float) -> tuple[float, list[str]]:
     ``max``: the global tier holds one federated copy per shard replica, all equal.
     """
     samples = client.query(f"max({THRESHOLD_SERIES})", now)
-    values = [s.value for s in samples if math.isfinite(s.value) and 0 <= s.value <= 100]
+    values = [v for v in (in_range(s.value, 0, 100) for s in samples) if v is not None]
     if values:
         return values[0], []
     return IDLE_THRESHOLD, [
@@ -83,40 +83,71 @@ def recorded_prefix(client: PromClient, since_s: int, now: float) -> str:
     )
 
 
-def by_key(samples: list[Any], key: str) -> dict[str, float]:
+# A sample that is no number of GPU-hours (NaN, +/-Inf, negative, or past this bound, which
+# also keeps every sum finite) is left out of the totals and counted under REJECTED.
+MAX_GPU_HOURS = 1e12
+REJECTED = "rejected"  # totals[REJECTED]["values"]: how many samples were left out
+
+
+def by_key(samples: list[Any], key: str) -> tuple[dict[str, float], int]:
+    """(hours per ``key`` label value, how many samples were no number of hours)."""
     totals: dict[str, float] = {}
+    rejected = 0
     for sample in samples:
+        hours = in_range(sample.value, 0, MAX_GPU_HOURS)
+        if hours is None:
+            rejected += 1
+            continue
         name = sample.labels.get(key, "")
-        totals[name] = totals.get(name, 0.0) + sample.value
+        totals[name] = totals.get(name, 0.0) + hours
+    return totals, rejected
+
+
+def _totals(answers: dict[str, list[Any]]) -> dict[str, dict[str, float]]:
+    """{"user": ..., "account": ..., REJECTED: {"values": n}} of each key's samples."""
+    totals: dict[str, dict[str, float]] = {REJECTED: {"values": 0.0}}
+    for key, samples in answers.items():
+        totals[key], rejected = by_key(samples, key)
+        totals[REJECTED]["values"] += rejected
     return totals
+
+
+def rejected_notes(totals: dict[str, dict[str, float]]) -> list[str]:
+    count = int(totals.get(REJECTED, {}).get("values", 0))
+    if not count:
+        return []
+    return [
+        f"{count} values left out: not a number of GPU-hours (NaN, Inf, negative or over "
+        f"{MAX_GPU_HOURS:g})"
+    ]
 
 
 def recorded(client: PromClient, since_s: int, now: float) -> dict[str, dict[str, float]]:
     prefix = recorded_prefix(client, since_s, now)
-    return {
-        key: by_key(client.query(recorded_expr(prefix, key, since_s), now), key)
-        for key in ("user", "account")
-    }
+    return _totals(
+        {key: client.query(recorded_expr(prefix, key, since_s), now) for key in ("user", "account")}
+    )
 
 
 def raw(
     client: PromClient, since_s: int, now: float, threshold: float
 ) -> dict[str, dict[str, float]]:
     samples = client.query(raw_expr(since_s, threshold), now)
-    return {key: by_key(samples, key) for key in ("user", "account")}
+    return _totals({key: samples for key in ("user", "account")})
 
 
 def add(parts: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
     """Shards' parts of the same totals."""
-    total: dict[str, dict[str, float]] = {"user": {}, "account": {}}
+    total: dict[str, dict[str, float]] = {"user": {}, "account": {}, REJECTED: {}}
     for part in parts:
         for key, values in part.items():
             for name, hours in values.items():
-                total[key][name] = total[key].get(name, 0.0) + hours
+                total.setdefault(key, {})[name] = total[key].get(name, 0.0) + hours
     return total
 
 
 def rows(totals: dict[str, float], key: str) -> list[dict[str, Any]]:
     """Largest first; zero rows dropped (hours without idle GPUs record 0)."""
-    ordered = sorted(totals.items(), key=lambda item: (-item[1], item[0]))
+    counted = {name: hours for name, hours in totals.items() if finite(hours) is not None}
+    ordered = sorted(counted.items(), key=lambda item: (-item[1], item[0]))
     return [{key: name, "gpu_hours": round(hours, 3)} for name, hours in ordered if hours > 0.0005]

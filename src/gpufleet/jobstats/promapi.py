@@ -9,15 +9,14 @@ from __future__ import annotations
 import base64
 import json
 import ssl
-import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-# The node package's epilog asks the same API: one way to read an answer, bounded.
-from gpufleet_node.job_summary.prom import NoRedirect, one_line, read_until
+# One way to ask over HTTP for every gpufleet client (one deadline, a size bound), and
+# one reading of Prometheus' error answers, shared with the node package's epilog.
+from gpufleet_node.httpclient import FetchError, fetch, one_line
+from gpufleet_node.job_summary.prom import api_error
 
 
 class PromError(Exception):
@@ -60,31 +59,21 @@ class PromClient:
             raise PromError(f"{where}: {one_line(str(err))}") from err
 
     def _get(self, path: str, params: dict[str, str]) -> Any:
+        """The API's ``data`` for a POSTed query, within ``timeout`` seconds in all."""
         if self.want_stats:
             params = {**params, "stats": "all"}
-        request = urllib.request.Request(
-            f"{self.url}{path}",
-            data=urllib.parse.urlencode(params).encode(),
-            headers={"Content-Type": "application/x-www-form-urlencoded"},
-        )
+        headers = {"Content-Type": "application/x-www-form-urlencoded"}
         if self.username is not None:
             token = base64.b64encode(f"{self.username}:{self.password or ''}".encode()).decode()
-            request.add_header("Authorization", f"Basic {token}")
-        opener = urllib.request.build_opener(
-            NoRedirect(), urllib.request.HTTPSHandler(context=self._context())
-        )
-        deadline = time.monotonic() + self.timeout
+            headers["Authorization"] = f"Basic {token}"
+        data = urllib.parse.urlencode(params).encode()
         try:
-            with opener.open(request, timeout=self.timeout) as response:
-                body = read_until(response, deadline)
-        except urllib.error.HTTPError as err:
-            reason = one_line(str(err.reason), 80)
-            raise PromError(f"{self.url}: HTTP {err.code} {reason}{_api_error(err)}") from err
-        except urllib.error.URLError as err:
-            raise PromError(f"{self.url}: cannot connect: {one_line(str(err.reason))}") from err
-        except (OSError, TimeoutError) as err:
-            raise PromError(f"{self.url}: {one_line(str(err))}") from err
-        return _data(self.url, body, self.stats if self.want_stats else None)
+            answer = fetch(f"{self.url}{path}", self.timeout, data, headers, self._context())
+        except FetchError as err:
+            raise PromError(f"{self.url}: {err}") from err
+        if not answer.ok:
+            raise PromError(f"{self.url}: {api_error(answer)}")
+        return _data(self.url, answer.body, self.stats if self.want_stats else None)
 
     def query(self, expr: str, at: float | None = None) -> list[Sample]:
         """An instant query; a vector (or a scalar, as one sample without labels)."""
@@ -115,19 +104,10 @@ class PromClient:
             raise PromError(f"{self.url}: malformed range result") from err
 
 
-def _api_error(err: urllib.error.HTTPError) -> str:
-    """Prometheus' own error text from an error response, shortened to one line."""
-    try:
-        text = json.loads(err.read(65536)).get("error", "")
-    except (ValueError, AttributeError, OSError):
-        return ""
-    return f": {one_line(str(text))}" if text else ""
-
-
 def _data(url: str, body: bytes, stats: list[dict[str, Any]] | None) -> Any:
     try:
         answer = json.loads(body)
-    except ValueError as err:
+    except (ValueError, RecursionError) as err:
         raise PromError(f"{url}: answer is not JSON (not a Prometheus API?)") from err
     if not isinstance(answer, dict) or not isinstance(answer.get("data"), dict):
         if isinstance(answer, dict) and answer.get("status") == "error":

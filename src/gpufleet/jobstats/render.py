@@ -2,32 +2,37 @@
 
 from __future__ import annotations
 
-import json
-import math
 import time
 from dataclasses import asdict
 from typing import Any
 
 from gpufleet.jobstats.report import JobReport
+from gpufleet_node.job_summary.summary import MAX_TIME
+from gpufleet_node.numbers import finite, in_range, strict_dumps
 
 BAR_WIDTH = 20
 GIB = 1024**3
 
 
 def bar(fraction: float | None, width: int = BAR_WIDTH) -> str:
-    """[#####...............] for 0.25; blanks when unknown."""
-    if fraction is None:
+    """[#####...............] for 0.25; blanks when unknown (None, NaN, +/-Inf)."""
+    known = finite(fraction)
+    if known is None:
         return "[" + " " * width + "]"
-    filled = round(min(max(fraction, 0.0), 1.0) * width)
+    filled = round(min(max(known, 0.0), 1.0) * width)
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
 def _clock(ts: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
+    known = in_range(ts, 0, MAX_TIME - 1)
+    return "-" if known is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(known))
 
 
 def duration(seconds: float) -> str:
-    minutes = int(seconds // 60)
+    known = in_range(seconds, 0, MAX_TIME)
+    if known is None:
+        return "-"
+    minutes = int(known // 60)
     days, rest = divmod(minutes, 24 * 60)
     hours, minutes = divmod(rest, 60)
     text = f"{hours}h {minutes:02d}m"
@@ -35,11 +40,20 @@ def duration(seconds: float) -> str:
 
 
 def _num(value: float | None, fmt: str, unit: str = "") -> str:
-    return "-" if value is None else f"{value:{fmt}}{unit}"
+    """A figure in ``fmt``; "-" when there is none (None, NaN, +/-Inf)."""
+    known = finite(value)
+    return "-" if known is None else f"{known:{fmt}}{unit}"
+
+
+def _ratio(part: float | None, whole: float | None) -> float | None:
+    """part / whole, or None where either is missing or zero (no 0/0, no inf/inf)."""
+    top, bottom = finite(part), finite(whole)
+    return top / bottom if top and bottom else None
 
 
 def _gib(value: float | None) -> str:
-    return "-" if value is None else f"{value / GIB:.1f}"
+    known = finite(value)
+    return "-" if known is None else f"{known / GIB:.1f}"
 
 
 def clean(text: str) -> str:
@@ -60,18 +74,18 @@ def job_text(report: JobReport) -> str:
         f"{'memory max / total GiB':>22}  {'power mean':>10}",
     ]
     for g in report.gpus:
-        mem_share = g.mem_used_max / g.mem_total if g.mem_used_max and g.mem_total else None
+        mem_share = _ratio(g.mem_used_max, g.mem_total)
         lines.append(
             f"{clean(g.node) + ':' + g.gpu:<20} "
-            f"{bar(None if g.util_mean is None else g.util_mean / 100)} "
+            f"{bar(_ratio(g.util_mean, 100.0))} "
             f"{_num(g.util_mean, '5.1f', ' %'):>7} {_num(g.util_max, '4.0f', '%'):>5}  "
             f"{_gib(g.mem_used_max):>7} / {_gib(g.mem_total):>6} {_num(mem_share, '4.0%'):>6}  "
             f"{_num(g.power_mean, '6.0f', ' W'):>10}"
         )
     lines += ["", f"{'node':<20} {'CPU mean':<{BAR_WIDTH + 17}} memory max"]
     for n in report.nodes:
-        cpus = f" of {n.cpus:.0f}" if n.cpus else ""
-        total = f" of {n.mem_total / GIB:.0f} GiB" if n.mem_total else ""
+        cpus = f" of {_num(n.cpus, '.0f')}" if finite(n.cpus) else ""
+        total = f" of {_num(_ratio(n.mem_total, GIB), '.0f')} GiB" if finite(n.mem_total) else ""
         lines.append(
             f"{clean(n.node):<20} {bar(n.cpu_mean)} {_num(n.cpu_mean, '5.0%'):>6}{cpus:<8} "
             f"{bar(n.mem_max)} {_num(n.mem_max, '5.0%'):>6}{total}"
@@ -85,21 +99,12 @@ def job_text(report: JobReport) -> str:
 
 
 def job_json(report: JobReport) -> str:
+    """Strict JSON: NaN and infinities (a sample Prometheus holds) as null."""
     data = asdict(report)
     for gpu in data["gpus"]:
-        gpu["idle"] = gpu["util_max"] is not None and gpu["util_max"] < report.threshold
-    return json.dumps(finite(data), indent=2, allow_nan=False)
-
-
-def finite(value: Any) -> Any:
-    """NaN and infinities (a sample Prometheus holds) as null: JSON has no such numbers."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: finite(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [finite(item) for item in value]
-    return value
+        peak = finite(gpu["util_max"])
+        gpu["idle"] = peak is not None and peak < report.threshold
+    return strict_dumps(data, indent=2)
 
 
 def idle_text(result: dict[str, Any]) -> str:
@@ -109,11 +114,12 @@ def idle_text(result: dict[str, Any]) -> str:
     ]
     for key in ("user", "account"):
         rows = result[f"by_{key}"]
-        total = sum(row["gpu_hours"] for row in rows) or 1.0
+        total = sum(finite(row["gpu_hours"]) or 0.0 for row in rows)
         lines += ["", f"{key:<24} {'GPU-hours':>10}"]
         for row in rows:
+            hours = row["gpu_hours"]
             lines.append(
-                f"{clean(row[key]):<24} {row['gpu_hours']:>10.1f}  {bar(row['gpu_hours'] / total)}"
+                f"{clean(row[key]):<24} {_num(hours, '>10.1f')}  {bar(_ratio(hours, total))}"
             )
         if not rows:
             lines.append("(none)")

@@ -32,18 +32,38 @@ class NoSummary(Exception):
     """No usable summary; the message is one line."""
 
 
-def from_text(text: str, job_id: str, where: str) -> Summary:
-    """The job's summary among ``text``'s lines (the last valid one: a reused id's newest)."""
+Found = tuple[Summary, list[str]]  # the summary, and one note per newer unreadable line
+
+
+def from_text(text: str, job_id: str, where: str) -> Found:
+    """The job's summary among ``text``'s lines: the last one that is valid (a reused id's
+    newest). A corrupt or foreign line after it does not hide it: each is named in a note.
+    """
     lines = [line for line in text.splitlines() if line.strip().startswith(PREFIX)]
     if not lines:
         raise NoSummary(f"job {job_id}: {where} holds no gpufleet summary")
-    try:
-        return decode(lines[-1], job_id)
-    except SummaryError as err:
-        raise NoSummary(f"job {job_id}: {where}: unreadable summary: {err}") from err
+    failed: list[tuple[int, SummaryError]] = []
+    for number, line in reversed(list(enumerate(lines, 1))):
+        try:
+            summary = decode(line, job_id)
+        except SummaryError as err:
+            failed.append((number, err))
+            continue
+        notes = [
+            f"job {job_id}: {where}: summary {k} of {len(lines)} unreadable ({err}): "
+            f"showing summary {number}, the newest readable"
+            for k, err in failed
+        ]
+        return summary, notes
+    if len(lines) == 1:
+        raise NoSummary(f"job {job_id}: {where}: unreadable summary: {failed[0][1]}")
+    raise NoSummary(
+        f"job {job_id}: {where}: none of its {len(lines)} summaries is readable "
+        f"(the newest: {failed[0][1]})"
+    )
 
 
-def from_file(path: str, job_id: str) -> Summary:
+def from_file(path: str, job_id: str) -> Found:
     try:
         with open(path, "rb") as handle:
             raw = handle.read(MAX_READ + 1)
@@ -61,7 +81,7 @@ def sacct_available() -> bool:
 SACCT_MAX_OUTPUT = 16 * MAX_READ  # an array's or a reused id's rows; more is not sacct's
 
 
-def from_sacct(job_id: str) -> Summary:
+def from_sacct(job_id: str) -> Found:
     """The row of ``sacct -j JOBID -X -n -P -o JobIDRaw,AdminComment`` whose JobIDRaw is
     the job (-j of an array's id lists all its tasks; -j implies no start bound)."""
     rows = _sacct_rows(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "JobIDRaw,AdminComment"])

@@ -34,7 +34,14 @@ from typing import IO, Any, Callable, TypeVar
 from gpufleet_node.commands import run_command
 from gpufleet_node.job_summary import gather
 from gpufleet_node.job_summary.prom import PromClient, PromError, one_line
-from gpufleet_node.job_summary.summary import JOB_ID, MAX_TEXT, Summary, SummaryError, encode
+from gpufleet_node.job_summary.summary import (
+    JOB_ID,
+    MAX_TEXT,
+    Summary,
+    SummaryError,
+    canonical_job_id,
+    encode,
+)
 
 # slurm.conf names the program without arguments: the role writes the configuration here.
 CONFIG = "/etc/gpufleet/job-summary/config.json"
@@ -358,9 +365,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config(args.config)
         if args.check_config:
             return 0
-        job_id = args.job_id if args.job_id is not None else os.environ.get("SLURM_JOB_ID", "")
-        if not JOB_ID.fullmatch(job_id):
-            say(f"{job_id[:40]!r} is not a job id")
+        given = args.job_id if args.job_id is not None else os.environ.get("SLURM_JOB_ID", "")
+        try:
+            job_id = canonical_job_id(given)  # "0042" is job 42, as Slurm reads it
+        except ValueError as err:
+            say(str(err))
             return 2
         # The series carry the job's own id; sacctmgr must name this task/component only.
         target = job_id if args.job_id is not None else accounting_target(job_id, os.environ)

@@ -18,11 +18,14 @@ from gpufleet_node.job_summary.prom import PromClient, PromError
 from gpufleet_node.job_summary.summary import (
     FIGURES,
     MAX_GPUS_PER_NODE,
+    MAX_TIME,
     SAFE_GPU,
     SAFE_NODE,
     Summary,
+    figure_value,
     node_regex,
 )
+from gpufleet_node.numbers import in_range
 
 SPAN_STEP_S = 60
 # The span's subquery steps fall on whole minutes, so right after a job ends (when the
@@ -56,9 +59,16 @@ def find(client: PromClient, job_id: str, lookback_s: int, now: float) -> Summar
         # last samples' window (as jobstats' span_of).
         young = f"timestamp({selector})[{LAST_SAMPLES_S}s:1s]"
         starts = client.query(f"min(min_over_time({young}))", now)
-    part.end = max(value for _, value in ends) if ends else now
-    part.start = min(starts[0][1], part.end) if starts else part.end
+    end_times, start_times = _times(ends), _times(starts)
+    part.end = max(end_times) if end_times else now
+    part.start = min(start_times[0], part.end) if start_times else part.end
     return part
+
+
+def _times(samples: Iterable[tuple[dict[str, str], float]]) -> list[float]:
+    """The values that are Unix times (``timestamp()`` answers), in order."""
+    found = (in_range(value, 0, MAX_TIME - 1) for _, value in samples)
+    return [value for value in found if value is not None]
 
 
 def gpu_indices(client: PromClient, part: Summary, span: str) -> dict[str, list[str]]:
@@ -100,8 +110,10 @@ def figures(client: PromClient, part: Summary, start: float, end: float) -> None
     nodes = node_regex(part.nodes)
     for (kind, name), (func, series) in FIGURES.items():
         query = f'{func}({series}{{node=~"{nodes}"}}{span})'
-        for labels, value in client.query(query, end):
-            node = labels.get("node", "")
+        for labels, answered in client.query(query, end):
+            node, value = labels.get("node", ""), figure_value(answered)
+            if value is None:  # negative or absurd: no figure, as jobstats reads it live
+                continue
             if kind == "node" and node in part.nodes:
                 part.nodes[node][1][name] = value
             elif (node, labels.get("gpu", "")) in part.gpus:

@@ -11,34 +11,30 @@ import base64
 import json
 import math
 import ssl
-import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
-from typing import Any
 
-MAX_BODY = 8 * 1024 * 1024
-CHUNK = 64 * 1024
+# One way to ask over HTTP (one deadline, a size bound) for every gpufleet client.
+from gpufleet_node.httpclient import Answer, FetchError, fetch, one_line
 
 Sample = tuple[dict[str, str], float]
+
+__all__ = ["PromClient", "PromError", "Sample", "api_error", "one_line"]
 
 
 class PromError(Exception):
     """A query that gave no usable answer; the message is one line."""
 
 
-class NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is an error: urllib would resend the basic-auth header to its target."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-def one_line(text: str, limit: int = 200) -> str:
-    """A server's text for a one-line message: no control characters, bounded."""
-    flat = " ".join(text.split())
-    return "".join(ch if ch.isprintable() else "?" for ch in flat)[:limit]
+def api_error(answer: Answer) -> str:
+    """A failed answer as one line: its status, and Prometheus' own error text if any
+    (Prometheus answers 400, 422 and 503 with a JSON body that says why)."""
+    line = f"HTTP {answer.status} {answer.reason}".rstrip()
+    try:
+        text = json.loads(answer.body).get("error", "")
+    except (ValueError, AttributeError, RecursionError):
+        return line
+    return f"{line}: {one_line(str(text))}" if text else line
 
 
 @dataclass
@@ -55,57 +51,28 @@ class PromClient:
             raise PromError(f"{self.url[:200]!r} is not an http(s):// URL without credentials")
         self.url = self.url.rstrip("/")
 
-    def _opener(self) -> urllib.request.OpenerDirector:
-        handlers: list[urllib.request.BaseHandler] = [NoRedirect()]
-        if self.url.startswith("https://"):
-            try:
-                context = ssl.create_default_context(cafile=self.ca_file or None)
-            except (OSError, ssl.SSLError) as err:
-                raise PromError(f"CA file {self.ca_file}: {one_line(str(err))}") from err
-            handlers.append(urllib.request.HTTPSHandler(context=context))
-        return urllib.request.build_opener(*handlers)
+    def _context(self) -> ssl.SSLContext | None:
+        if not self.url.startswith("https://"):
+            return None
+        try:
+            return ssl.create_default_context(cafile=self.ca_file or None)
+        except (OSError, ssl.SSLError) as err:
+            raise PromError(f"CA file {self.ca_file}: {one_line(str(err))}") from err
 
     def query(self, expr: str, at: float) -> list[Sample]:
         """An instant query's vector as (labels, value) pairs."""
-        request = urllib.request.Request(
-            f"{self.url}/api/v1/query",
-            data=urllib.parse.urlencode({"query": expr, "time": f"{at:.3f}"}).encode(),
-            headers={"Content-Type": "application/x-www-form-urlencoded"},
-        )
+        headers = {"Content-Type": "application/x-www-form-urlencoded"}
         if self.username:
             token = base64.b64encode(f"{self.username}:{self.password or ''}".encode()).decode()
-            request.add_header("Authorization", f"Basic {token}")
-        deadline = time.monotonic() + self.timeout
+            headers["Authorization"] = f"Basic {token}"
+        data = urllib.parse.urlencode({"query": expr, "time": f"{at:.3f}"}).encode()
         try:
-            with self._opener().open(request, timeout=self.timeout) as response:
-                body = read_until(response, deadline)
-        except urllib.error.HTTPError as err:
-            raise PromError(f"{self.url}: HTTP {err.code} {one_line(str(err.reason), 80)}") from err
-        except urllib.error.URLError as err:
-            raise PromError(f"{self.url}: cannot connect: {one_line(str(err.reason))}") from err
-        except OSError as err:  # timeouts included
-            raise PromError(f"{self.url}: {one_line(str(err))}") from err
-        return _vector(self.url, body)
-
-
-def read_until(response: Any, deadline: float) -> bytes:
-    """The body, read before the deadline (the socket timeout bounds one read only: a
-    server dripping bytes would hold a query forever); OSError past MAX_BODY bytes."""
-    parts: list[bytes] = []
-    size = 0
-    while size <= MAX_BODY:
-        if time.monotonic() > deadline:
-            raise TimeoutError("the answer took longer than the timeout")
-        # read1: what has come, not a full chunk, so a server that drips a byte at a time
-        # meets the deadline here (each recv is bounded by the socket timeout).
-        part = response.read1(min(CHUNK, MAX_BODY + 1 - size))
-        if not part:
-            break
-        parts.append(part)
-        size += len(part)
-    if size > MAX_BODY:
-        raise OSError(f"answer larger than {MAX_BODY} bytes")
-    return b"".join(parts)
+            answer = fetch(f"{self.url}/api/v1/query", self.timeout, data, headers, self._context())
+        except FetchError as err:
+            raise PromError(f"{self.url}: {err}") from err
+        if not answer.ok:
+            raise PromError(f"{self.url}: {api_error(answer)}")
+        return _vector(self.url, answer.body)
 
 
 def _vector(url: str, body: bytes) -> list[Sample]:
@@ -127,5 +94,5 @@ def _vector(url: str, body: bytes) -> list[Sample]:
         return samples
     except PromError:
         raise
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as err:
         raise PromError(f"{url}: answer is not the Prometheus API's JSON") from err

@@ -31,7 +31,9 @@ import re
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
+
+from gpufleet_node.numbers import in_range, strict_dumps
 
 PREFIX = "GF1:"
 VERSION = 1
@@ -46,6 +48,9 @@ MAX_VALUE = 1e18
 MAX_DOWN = 64
 
 JOB_ID = re.compile(r"^[0-9]{1,12}$")
+# Slurm job ids are uint32; 0xFFFFFFFE/0xFFFFFFFF are NO_VAL/INFINITE (as the GPU collector).
+MAX_JOB_ID = 0xFFFFFFFD
+MAX_TIME = 2**40  # seconds since the epoch: a Unix time in the summary, 36,800 years
 SAFE_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 SAFE_GPU = re.compile(r"^[0-9]{1,4}$")
 # How each figure is measured over the job's span: (per GPU or per node, figure) ->
@@ -95,6 +100,23 @@ DIGITS = {
 Values = dict[str, Optional[float]]
 
 
+def canonical_job_id(text: str) -> str:
+    """A Slurm job id as Slurm writes it (and the exporter labels it): decimal, no leading
+    zeros. ``0042`` is job 42, as ``scontrol show job 0042`` reads it; ValueError (one
+    line) for anything that is not a job id (0, signs, spaces, more than 32 bits)."""
+    if not JOB_ID.fullmatch(text) or not 0 < int(text) <= MAX_JOB_ID:
+        raise ValueError(
+            f"{text[:40]!r} is not a Slurm job id (a decimal number from 1 to {MAX_JOB_ID})"
+        )
+    return str(int(text))
+
+
+def figure_value(value: float | None) -> float | None:
+    """A figure as reports take it: a finite number in 0..MAX_VALUE, else None (no figure:
+    NaN, +/-Inf, negative or absurd values from a Prometheus answer or a recording rule)."""
+    return in_range(value, 0, MAX_VALUE)
+
+
 def node_regex(nodes: Iterable[str]) -> str:
     """A PromQL regex matching exactly these nodes (names passed SAFE_NODE)."""
     return "|".join(node.replace(".", "\\\\.") for node in sorted(nodes))
@@ -128,15 +150,24 @@ class Summary(JobIdentity):
 
 def _number(value: float | None, digits: int) -> float | None:
     """A figure as stored: rounded; None for what no figure can be (NaN, negative, huge)."""
-    if value is None or not (math.isfinite(value) and 0 <= value <= MAX_VALUE):
+    figure = figure_value(value)
+    if figure is None:
         return None
-    rounded = round(float(value), digits)
+    rounded = round(figure, digits)
     return int(rounded) if digits == 0 else rounded
 
 
+def _unix_time(value: float, rounding: Callable[[float], int]) -> int:
+    """A span end as stored; SummaryError for what is no Unix time (NaN, +/-Inf, huge)."""
+    number = in_range(value, 0, MAX_TIME - 1)
+    if number is None:
+        raise SummaryError(f"the job's span is not a Unix time ({str(value)[:20]})")
+    return rounding(number)
+
+
 def _figure(values: Values, name: str) -> float | None:
-    value = values.get(name)
-    if name in ROUNDED_DOWN and value is not None and math.isfinite(value) and value >= 0:
+    value = figure_value(values.get(name))  # before the scaling: 1e308 * 1000 is inf
+    if name in ROUNDED_DOWN and value is not None:
         # round() first: 4.35 * 1000 is 4349.999..., whose floor would be 4.349.
         scale = 10 ** DIGITS[name]
         value = math.floor(round(value * scale, 6)) / scale
@@ -158,8 +189,8 @@ def to_json(summary: Summary, gpu_limit: int | None = None) -> dict[str, Any]:
         "account": _clean(summary.account),
         "partition": _clean(summary.partition),
         "cluster": _clean(summary.cluster),
-        "start": int(summary.start),
-        "end": math.ceil(summary.end),
+        "start": _unix_time(summary.start, math.floor),
+        "end": _unix_time(summary.end, math.ceil),
         "nodes": [
             [node, count] + [_number(values.get(f), DIGITS[f]) for f in NODE_FIELDS]
             for node, (count, values) in sorted(summary.nodes.items())
@@ -169,12 +200,12 @@ def to_json(summary: Summary, gpu_limit: int | None = None) -> dict[str, Any]:
         ],
         "dropped": summary.dropped + len(gpus) - len(kept),
         "down": [_clean(name) for name in summary.down[:MAX_DOWN]],
-        "threshold": _number(summary.threshold, 3),
+        "threshold": _number(in_range(summary.threshold, 0, 100), 3),  # as decode reads it
     }
 
 
 def _dump(document: dict[str, Any]) -> bytes:
-    return json.dumps(document, separators=(",", ":"), ensure_ascii=True).encode()
+    return strict_dumps(document, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 def _pack(raw: bytes) -> str:
@@ -212,7 +243,7 @@ def _text(document: dict[str, Any], key: str) -> str:
 
 def _time(document: dict[str, Any], key: str) -> float:
     value = document.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**40:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_TIME:
         raise SummaryError(f"field {key!r} is not a Unix time")
     return float(value)
 

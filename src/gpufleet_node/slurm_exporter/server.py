@@ -156,7 +156,7 @@ def make_handler(
             self.wfile = _ConnWriter(conn)  # type: ignore[assignment]
 
         def do_GET(self) -> None:
-            if not auth.allowed(self.headers.get("Authorization"), web.current().users):
+            if not auth.allowed(self.headers.get_all("Authorization"), web.current().users):
                 self.send_response(401)
                 self.send_header("WWW-Authenticate", 'Basic realm="gpufleet"')
                 self.send_header("Content-Type", "text/plain; charset=utf-8")
