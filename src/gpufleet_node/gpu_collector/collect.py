@@ -89,6 +89,7 @@ class Collector:
         if args.xid_source != "none" and not self.xid_path:
             log("no --state-dir: XID counters restart with every process")
         self.vendor = ""  # the tools found; searched on PATH again when one fails to run
+        self.reported: dict[str, str] = {}  # topic -> the problem last logged
 
     def journal_reserve(self) -> float:
         """Seconds of the cycle kept for journalctl after the vendor tool."""
@@ -148,5 +149,22 @@ class Collector:
             error.reason if error else None,
         )
         text = render_metrics(samples + extra + health)
-        write_textfile(Path(self.output), text, durable=False)
-        return error is None
+        return self.write_output(text) and error is None
+
+    def write_output(self, text: str) -> bool:
+        """The .prom file; a missing or unwritable directory is one log line (again only
+        once it changes) and a failed cycle, never an exception: the loop keeps running
+        and writes again once the directory is back."""
+        try:
+            write_textfile(Path(self.output), text, durable=False)
+        except OSError as exc:
+            self.report("output", f"cannot write {self.output}: {exc.strerror or exc}")
+            return False
+        self.report("output", "")
+        return True
+
+    def report(self, topic: str, message: str) -> None:
+        """Log ``message`` when it differs from the last one of ``topic`` ('' = resolved)."""
+        if message and message != self.reported.get(topic):
+            log(message)
+        self.reported[topic] = message

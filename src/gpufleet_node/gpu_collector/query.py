@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from typing import Any
 
 from .amd import parse_amd_smi, parse_rocm_smi
@@ -166,10 +167,43 @@ ROCM_SMI_ARGS = (
 )
 
 
+# Lines before the document (amd-smi prints "[WARNING] ..." lines, and rocm-smi
+# "WARNING: ..."): the document starts on the first of these lines that holds a whole
+# JSON value followed by nothing but white space.
+MAX_LEADING_LINES = 16
+MAX_INT_DIGITS = 20  # a 64-bit counter; a longer integer is read as a float (inf: absent)
+
+
+def bounded_int(text: str) -> int | float:
+    """json's parse_int: no integer of thousands of digits (slow, and float() of it
+    raises OverflowError); a longer one becomes a float, inf past 1e308."""
+    digits = len(text.lstrip("-"))
+    return int(text) if digits <= MAX_INT_DIGITS else float(text)
+
+
+JSON_DECODER = json.JSONDecoder(parse_int=bounded_int)
+LEADING_BLANKS_RE = re.compile(r"[ \t]*")
+
+
 def _load_json_text(text: str) -> Any:
-    # Some versions print a WARNING line before the JSON document.
-    start = min((i for i in (text.find("{"), text.find("[")) if i >= 0), default=-1)
-    try:
-        return json.loads(text[start:]) if start >= 0 else None
-    except (ValueError, RecursionError) as exc:
-        raise CollectorError("parse_error", f"bad JSON: {exc}") from exc
+    """The JSON document of a tool's output, after any warning lines (None for empty
+    output); CollectorError parse_error when no line within MAX_LEADING_LINES starts one."""
+    if not text.strip():
+        return None
+    start, error = 0, "no JSON document"
+    for _ in range(MAX_LEADING_LINES + 1):
+        begin = LEADING_BLANKS_RE.match(text, start).end()  # type: ignore[union-attr]
+        if text.startswith(("{", "["), begin):
+            try:
+                value, end = JSON_DECODER.raw_decode(text, begin)
+            except (ValueError, RecursionError) as exc:
+                error = f"bad JSON: {exc}"
+            else:
+                if not text[end:].strip():
+                    return value
+                error = "text after the JSON document"
+        newline = text.find("\n", start)
+        if newline < 0:
+            break
+        start = newline + 1
+    raise CollectorError("parse_error", error)

@@ -8,6 +8,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
+from .files import read_regular, read_text
 from .model import STATE_MAX_BYTES
 from .nvidia import ComputeApp
 
@@ -152,16 +153,12 @@ def user_name(uid: int | None) -> str:
 
 
 def _read_bytes(path: str, limit: int) -> bytes | None:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(limit)
-    except OSError:
-        return None
+    """A regular file's first ``limit`` bytes (files.read_regular: never blocks on a FIFO)."""
+    return read_regular(path, limit)
 
 
 def _read_text(path: str, limit: int = STATE_MAX_BYTES) -> str | None:
-    data = _read_bytes(path, limit)
-    return None if data is None else data.decode("utf-8", "replace")
+    return read_text(path, limit)
 
 
 class JobRef(NamedTuple):

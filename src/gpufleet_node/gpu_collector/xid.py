@@ -7,6 +7,7 @@ import os
 import re
 from typing import Any
 
+from .files import open_regular
 from .health import count_xids, parse_xid_lines
 from .model import JOURNAL_MAX_BYTES, XID_FILE_MAX_BYTES, CollectorError
 from .run import run_command
@@ -19,11 +20,9 @@ def read_xid_file(path: str, state: dict[str, Any]) -> tuple[list[str], dict[str
 
     At most XID_FILE_MAX_BYTES per cycle: a backlog is read over several cycles.
     """
-    st = os.stat(path)
-    offset = int(state.get("offset", 0))
-    if state.get("inode") != st.st_ino or st.st_size < offset:
-        offset = 0
-    with open(path, "rb") as handle:
+    with open_regular(path) as handle:  # a FIFO is an error, never a hang
+        st = os.fstat(handle.fileno())
+        offset = file_offset(state, st.st_ino, st.st_size)
         handle.seek(offset)
         data = handle.read(XID_FILE_MAX_BYTES)
     end = data.rfind(b"\n") + 1
@@ -31,6 +30,15 @@ def read_xid_file(path: str, state: dict[str, Any]) -> tuple[list[str], dict[str
         return [], {"inode": st.st_ino, "offset": offset + len(data)}
     lines = data[:end].decode("utf-8", "replace").splitlines()
     return lines, {"inode": st.st_ino, "offset": offset + end}
+
+
+def file_offset(state: dict[str, Any], inode: int, size: int) -> int:
+    """The stored offset when it is one of this file (same inode, 0 <= offset <= size),
+    else 0: a rotated, truncated or corrupt position restarts at the file's beginning."""
+    offset = state.get("offset", 0)
+    if state.get("inode") != inode or not isinstance(offset, int) or not 0 <= offset <= size:
+        return 0
+    return offset
 
 
 def read_xid_journald(state: dict[str, Any], timeout: float) -> tuple[list[str], dict[str, Any]]:

@@ -18,6 +18,7 @@ from gpufleet_node.gpu_collector import (
     amd,
     cli,
     collect,
+    files,
     health,
     metrics,
     model,
@@ -66,6 +67,7 @@ def _build_zipapp() -> Path:
 
 MODULES = (
     model,
+    files,
     values,
     nvidia,
     amd,
