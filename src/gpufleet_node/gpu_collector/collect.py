@@ -61,8 +61,8 @@ def collect_gpu_samples(
         raise CollectorError("no_vendor_tool", "no nvidia-smi, amd-smi or rocm-smi found")
     if memory is None:
         memory = FieldMemory(None, "")
-    text = query_nvidia_gpus(args.nvidia_smi_resolved, memory, deadline)
-    gpus, notes = nvidia_gpus_and_notes(text)
+    answer = query_nvidia_gpus(args.nvidia_smi_resolved, memory, deadline)
+    gpus, notes = nvidia_gpus_and_notes(answer.text, answer.fields)
     gpus = with_minor_numbers(gpus, args.proc_root)
     samples = to_samples(gpus) + notes
     try:

@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from .amd import parse_amd_smi, parse_rocm_smi
 from .model import AMD_MAX_BYTES, MAX_GPUS, CollectorError, GpuData, Sample
@@ -76,31 +76,38 @@ class FieldMemory:
         return True
 
 
-def query_nvidia_gpus(nvidia_smi: str, memory: FieldMemory, deadline: Deadline) -> str:
+class NvidiaAnswer(NamedTuple):
+    text: str  # the CSV nvidia-smi printed
+    fields: list[str]  # the fields asked for: its header
+
+
+def query_nvidia_gpus(nvidia_smi: str, memory: FieldMemory, deadline: Deadline) -> NvidiaAnswer:
     """One --query-gpu call; a second one only after an invalid-field error."""
     for attempt in (1, 2):
-        argv = [nvidia_smi, "--query-gpu=" + ",".join(memory.fields()), "--format=csv,nounits"]
+        fields = memory.fields()
+        argv = [nvidia_smi, "--query-gpu=" + ",".join(fields), "--format=csv,nounits"]
         result = run_command(argv, deadline.left())
         stdout = _checked(result, "nvidia-smi --query-gpu")
         if result.error is None:
-            return stdout
+            return NvidiaAnswer(stdout, fields)
         bad = invalid_fields(stdout + result.stderr)
         if bad:
             if not any([memory.forget(b) for b in bad]) or attempt == 2:
                 raise CollectorError("invalid_field", ", ".join(bad))
             continue
         if "No devices were found" in stdout + result.stderr:
-            return "index\n"
-        if has_gpu_rows(stdout):
-            return stdout  # partial answer (e.g. one GPU lost): keep the healthy ones
+            return NvidiaAnswer(", ".join(fields) + "\n", fields)
+        if has_gpu_rows(stdout, fields):
+            # partial answer (e.g. one GPU lost): keep the healthy ones
+            return NvidiaAnswer(stdout, fields)
         detail = (stdout + result.stderr).strip().splitlines()[:1]
         raise CollectorError("exit_code", f"rc={result.returncode} {detail}")
     raise CollectorError("invalid_field")
 
 
-def has_gpu_rows(text: str) -> bool:
+def has_gpu_rows(text: str, fields: list[str]) -> bool:
     try:
-        return bool(parse_nvidia_gpus(text))
+        return bool(parse_nvidia_gpus(text, fields))
     except CollectorError:
         return False
 
@@ -115,7 +122,7 @@ def query_compute_apps(nvidia_smi: str, deadline: Deadline) -> list[ComputeApp]:
     stdout = _checked(result, "nvidia-smi --query-compute-apps")
     if result.error is not None:
         raise CollectorError("exit_code", f"compute-apps rc={result.returncode}")
-    return parse_compute_apps(stdout)
+    return parse_compute_apps(stdout, COMPUTE_APPS_FIELDS)
 
 
 def query_amd(args: argparse.Namespace, deadline: Deadline) -> list[GpuData]:

@@ -114,7 +114,7 @@ def test_csv_module_errors_become_parse_errors(monkeypatch):
 def test_internal_errors_still_write_a_failure(fake_smi, run_collector, monkeypatch):
     run_collector()
 
-    def broken(text):
+    def broken(*_args):
         raise ZeroDivisionError("a bug")
 
     monkeypatch.setattr(collect, "nvidia_gpus_and_notes", broken)
