@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from ..exposition import write_textfile
-from .health import pci_map_of, with_minor_numbers, xid_samples
+from .health import pci_map_of, rejected_samples, with_minor_numbers, xid_samples
 from .metrics import (
     compute_app_samples,
     health_samples,
@@ -106,6 +106,7 @@ class Collector:
             save_json(self.xid_path, state)
             self.xid_state = state
         samples = xid_samples(state.get("counts", {}), state.get("pci_map", {}))
+        samples += rejected_samples(state.get("rejected", {}))
         return [*samples, Sample("collector_xid_success", (), 1.0 if xid_ok else 0.0)]
 
     def collect(self, deadline: Deadline) -> tuple[list[Sample], list[GpuData], bool | None]:

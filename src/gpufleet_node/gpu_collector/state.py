@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..exposition import write_textfile
+from .kernlog import REJECT_REASONS
 from .slurm import _read_text
 
 
@@ -83,8 +84,15 @@ def _valid_position(value: Any) -> bool:
     return True
 
 
+def _valid_rejected(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        k in REJECT_REASONS and _is_int(v) and 0 <= v < 2**53 for k, v in value.items()
+    )
+
+
 XID_STATE_CHECKS: tuple[tuple[str, Callable[[Any], bool]], ...] = (
     ("counts", _valid_counts),
+    ("rejected", _valid_rejected),
     ("pci_map", _valid_pci_map),
     ("source", lambda value: isinstance(value, str)),
 )
