@@ -71,7 +71,8 @@ def collect_gpu_samples(
         log(f"compute apps: {exc}")
         return samples, gpus, False
     resolver = SluidResolver(args.proc_root)
-    jobs = jobs_by_gpu(apps, lambda pid: job_of_pid(args.proc_root, pid, resolver))
+    root = getattr(args, "slurm_cgroup_root", "")
+    jobs = jobs_by_gpu(apps, lambda pid: job_of_pid(args.proc_root, pid, resolver, root))
     return samples + compute_app_samples(gpus, apps, jobs, resolver.ids), gpus, True
 
 
