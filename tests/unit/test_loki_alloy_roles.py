@@ -20,7 +20,7 @@ import pytest
 import yaml
 from render_role import ROLES, evaluate, example_inventory, render
 
-from gpufleet_node.gpu_collector import health
+from gpufleet_node.gpu_collector import health, kernlog
 
 
 def collector():
@@ -307,7 +307,8 @@ def xid_regexes() -> tuple[re.Pattern, re.Pattern]:
 )
 def test_alloy_xid_regex_on_real_lines(line, xid, pci):
     regex, _ = xid_regexes()
-    match = regex.search(line)
+    # Alloy's line is the journal record's MESSAGE: no syslog or dmesg head before it.
+    match = regex.search(kernlog.file_record(line).message)
     assert match, line
     assert match.group("xid") == xid
     assert alloy_pci_template(match.groupdict()) == pci
@@ -321,6 +322,50 @@ def test_alloy_xid_regex_on_real_lines(line, xid, pci):
 def test_alloy_xid_regex_ignores_other_nvrm_lines(line):
     regex, _ = xid_regexes()
     assert not regex.search(line)
+
+
+# Kernel records that print user-chosen text (issue 26, finding 5): XID-like text that
+# is not at the start of the record never gets an xid label.
+FORGED = [
+    "cgroup: fork rejected by pids controller in /user.slice/user-1000.slice/"
+    "user@1000.service/app.slice/NVRM: Xid (PCI:0000:3b:00): 79, x",
+    "Memory cgroup out of memory: Killed process 4242 (python3) total-vm:1kB, "
+    "oom_memcg=/NVRM: Xid (PCI:0000:3b:00): 48, x",
+    "oom-kill:constraint=CONSTRAINT_MEMCG,task_memcg=/x\nNVRM: Xid (PCI:0000:3b:00): 79, y",
+    "x\nNVRM: Xid (PCI:0000:3b:00): 79, after a newline inside one record",
+    "x\nNVRM: GPU 0000:29:00.0: GPU has fallen off the bus.",
+    " NVRM: Xid (PCI:0000:3b:00): 79, leading space",
+]
+
+
+@pytest.mark.parametrize("message", FORGED, ids=range(len(FORGED)))
+def test_alloy_xid_regexes_are_anchored_to_the_record(message):
+    for regex in xid_regexes():
+        assert not regex.search(message), regex.pattern
+    for selector in river_strings(alloy_config(), "selector"):
+        line_filter = re.search(r'\|~ "([^"]+)"', selector).group(1)
+        assert not re.search(line_filter, message), selector
+    assert collector().parse_xid_lines([message]) == []
+
+
+def test_loki_fallen_off_the_bus_alert_is_anchored():
+    expr = {r["alert"]: r for g in loki_rules()["groups"] for r in g["rules"]}[
+        "NvidiaGpuFallenOffBus"
+    ]["expr"]
+    pattern = json.loads(re.search(r'\|~ ("(?:[^"\\]|\\.)*")', expr).group(1))
+    genuine = (
+        "NVRM: The NVIDIA GPU 0000:b3:00.0\nNVRM: (PCI ID: 10de:26b5) installed in this "
+        "system has\nNVRM: fallen off the bus and is not responding to commands."
+    )
+    assert re.search(pattern, genuine)
+    for forged in [*FORGED, "cgroup: fork rejected by pids controller in /fallen off the bus"]:
+        assert not re.search(pattern, forged), forged
+
+
+def test_alloy_source_kernel_needs_the_kernel_facility():
+    text = alloy_config()
+    assert '["__journal__transport", "__journal_syslog_facility"]' in text
+    assert 'regex         = "kernel;0"' in text
 
 
 def test_alloy_fallen_off_the_bus_single_line_is_xid_79():

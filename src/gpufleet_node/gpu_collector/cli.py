@@ -14,6 +14,7 @@ from .. import commands
 from .collect import Collector
 from .model import DEFAULT_OUTPUT, DEFAULT_STATE_DIR
 from .service import Notifier, Stop, _stop, run_loop
+from .slurm import valid_cgroup_root
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -50,7 +51,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="/proc",
         help="where /proc/PID/cgroup and /proc/driver/nvidia/gpus are read",
     )
+    parser.add_argument(
+        "--slurm-cgroup-root",
+        default="",
+        help="cgroup under which slurmd's hierarchy lies, as the collector sees it "
+        "(a slurmd in a container without its own cgroup namespace); default: the root",
+    )
     args = parser.parse_args(argv)
+    if not valid_cgroup_root(args.slurm_cgroup_root):
+        parser.error("--slurm-cgroup-root must be an absolute cgroup path without a trailing /")
     if not args.output_name.endswith(".prom") or "/" in args.output_name:
         parser.error("--output-name must be a plain file name ending in .prom")
     if args.timeout <= 0 or args.interval <= 0:

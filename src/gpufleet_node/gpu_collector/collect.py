@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from ..exposition import write_textfile
-from .health import pci_map_of, with_minor_numbers, xid_samples
+from .health import pci_map_of, rejected_samples, with_minor_numbers, xid_samples
 from .metrics import (
     compute_app_samples,
     health_samples,
@@ -61,8 +61,8 @@ def collect_gpu_samples(
         raise CollectorError("no_vendor_tool", "no nvidia-smi, amd-smi or rocm-smi found")
     if memory is None:
         memory = FieldMemory(None, "")
-    text = query_nvidia_gpus(args.nvidia_smi_resolved, memory, deadline)
-    gpus, notes = nvidia_gpus_and_notes(text)
+    answer = query_nvidia_gpus(args.nvidia_smi_resolved, memory, deadline)
+    gpus, notes = nvidia_gpus_and_notes(answer.text, answer.fields)
     gpus = with_minor_numbers(gpus, args.proc_root)
     samples = to_samples(gpus) + notes
     try:
@@ -71,7 +71,8 @@ def collect_gpu_samples(
         log(f"compute apps: {exc}")
         return samples, gpus, False
     resolver = SluidResolver(args.proc_root)
-    jobs = jobs_by_gpu(apps, lambda pid: job_of_pid(args.proc_root, pid, resolver))
+    root = getattr(args, "slurm_cgroup_root", "")
+    jobs = jobs_by_gpu(apps, lambda pid: job_of_pid(args.proc_root, pid, resolver, root))
     return samples + compute_app_samples(gpus, apps, jobs, resolver.ids), gpus, True
 
 
@@ -89,6 +90,7 @@ class Collector:
         if args.xid_source != "none" and not self.xid_path:
             log("no --state-dir: XID counters restart with every process")
         self.vendor = ""  # the tools found; searched on PATH again when one fails to run
+        self.reported: dict[str, str] = {}  # topic -> the problem last logged
 
     def journal_reserve(self) -> float:
         """Seconds of the cycle kept for journalctl after the vendor tool."""
@@ -105,6 +107,7 @@ class Collector:
             save_json(self.xid_path, state)
             self.xid_state = state
         samples = xid_samples(state.get("counts", {}), state.get("pci_map", {}))
+        samples += rejected_samples(state.get("rejected", {}))
         return [*samples, Sample("collector_xid_success", (), 1.0 if xid_ok else 0.0)]
 
     def collect(self, deadline: Deadline) -> tuple[list[Sample], list[GpuData], bool | None]:
@@ -148,5 +151,22 @@ class Collector:
             error.reason if error else None,
         )
         text = render_metrics(samples + extra + health)
-        write_textfile(Path(self.output), text, durable=False)
-        return error is None
+        return self.write_output(text) and error is None
+
+    def write_output(self, text: str) -> bool:
+        """The .prom file; a missing or unwritable directory is one log line (again only
+        once it changes) and a failed cycle, never an exception: the loop keeps running
+        and writes again once the directory is back."""
+        try:
+            write_textfile(Path(self.output), text, durable=False)
+        except OSError as exc:
+            self.report("output", f"cannot write {self.output}: {exc.strerror or exc}")
+            return False
+        self.report("output", "")
+        return True
+
+    def report(self, topic: str, message: str) -> None:
+        """Log ``message`` when it differs from the last one of ``topic`` ('' = resolved)."""
+        if message and message != self.reported.get(topic):
+            log(message)
+        self.reported[topic] = message

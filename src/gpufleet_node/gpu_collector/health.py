@@ -1,4 +1,4 @@
-"""XID and fallen-off-the-bus lines from the kernel log, and device minor numbers."""
+"""XID counters and their series (the grammar: kernlog), and device minor numbers."""
 
 from __future__ import annotations
 
@@ -6,20 +6,12 @@ import os
 import re
 from collections.abc import Iterable
 
+from .kernlog import REJECT_REASONS, normalize_pci_id
+from .kernlog import parse_xid_lines as parse_xid_lines  # the role tests' entry point
 from .model import GpuData, Sample
 from .nvidia import PCI_BUS_ID_RE
 from .slurm import _read_bytes
 
-XID_RE = re.compile(
-    r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?\): (\d+),"
-)
-FALLEN_SINGLE_RE = re.compile(
-    r"NVRM: GPU ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?: GPU has fallen off"
-)
-FALLEN_HEAD_RE = re.compile(
-    r"NVRM: The NVIDIA GPU ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?"
-)
-FALLEN_TAIL = "fallen off the bus and is not responding"
 # gpu-metrics.md 5.2 "critical / drain GPU or node" tier. 63, 92, 94 are the
 # "warning" tier there (remap recorded, SBE storm, contained error): not critical.
 CRITICAL_XIDS = frozenset(
@@ -28,50 +20,10 @@ CRITICAL_XIDS = frozenset(
 )
 
 
-def normalize_pci_id(raw: str) -> str:
-    """'PCI:0000:3b:00', '00000000:3B:00.0' -> '0000:3b:00' (join key for XID lines)."""
-    text = raw.strip().lower()
-    text = text[4:] if text.startswith("pci:") else text
-    parts = text.split(".")[0].split(":")
-    if len(parts) != 3:
-        return text
-    try:
-        domain, bus, device = (int(p, 16) for p in parts)
-    except ValueError:
-        return text
-    return f"{domain:04x}:{bus:02x}:{device:02x}"
-
-
 def nvidia_pci_form(key: str) -> str:
     """'0000:3b:00' -> '00000000:3B:00.0', the form nvidia-smi and DCGM label with."""
     domain, bus, device = key.split(":")
     return f"{int(domain, 16):08X}:{bus.upper()}:{device.upper()}.0"
-
-
-def parse_xid_lines(lines: Iterable[str]) -> list[tuple[str, int]]:
-    """Kernel log lines -> [(normalised pci id, xid)] in order.
-
-    The multi-line and single-line "fallen off the bus" messages (printed without
-    an Xid line on some drivers) count as XID 79.
-    """
-    events: list[tuple[str, int]] = []
-    pending_head: str | None = None
-    for line in lines:
-        match = XID_RE.search(line)
-        if match:
-            events.append((normalize_pci_id(match.group(1)), int(match.group(2))))
-            continue
-        match = FALLEN_SINGLE_RE.search(line)
-        if match:
-            events.append((normalize_pci_id(match.group(1)), 79))
-            continue
-        match = FALLEN_HEAD_RE.search(line)
-        if match:
-            pending_head = normalize_pci_id(match.group(1))
-        elif pending_head and FALLEN_TAIL in line:
-            events.append((pending_head, 79))
-            pending_head = None
-    return events
 
 
 def count_xids(counts: dict[str, int], events: Iterable[tuple[str, int]]) -> dict[str, int]:
@@ -157,3 +109,12 @@ def with_minor_numbers(gpus: list[GpuData], proc_root: str) -> list[GpuData]:
             gpu = gpu._replace(info={**gpu.info, "minor_number": minor})
         out.append(gpu)
     return out
+
+
+def rejected_samples(rejected: dict[str, int]) -> list[Sample]:
+    """node_gpu_xid_records_rejected_total by reason, every reason (0 included): an
+    alert on its increase sees the first one."""
+    return [
+        Sample("xid_records_rejected_total", (("reason", reason),), float(rejected.get(reason, 0)))
+        for reason in REJECT_REASONS
+    ]

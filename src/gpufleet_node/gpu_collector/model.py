@@ -154,6 +154,11 @@ FAMILIES: dict[str, str] = {
         "name); value is 1."
     ),
     "xid_errors_total": "NVIDIA XID errors read from the kernel log, by GPU and XID code.",
+    "xid_records_rejected_total": (
+        "Kernel log records with XID-like text that were not counted as XIDs, by reason: "
+        "not_kernel (not the kernel's own record), unanchored (the text is not at the start "
+        "of the record, e.g. inside a user-chosen cgroup path), malformed."
+    ),
     "collector_success": "1 if the last collection succeeded, else 0.",
     "collector_error_info": "Reason of the last collection failure; value is 1.",
     "collector_last_success_timestamp_seconds": "Unix time of the last successful collection.",

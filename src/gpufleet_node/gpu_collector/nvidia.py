@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import functools
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple, Optional
 
 from .model import (
@@ -221,11 +221,17 @@ FIELD_NAME_RE = re.compile(r"[A-Za-z0-9_.]+")
 
 
 def parse_csv(
-    text: str, max_rows: int, too_many: str = "too_many_gpus", join_tail: bool = False
+    text: str,
+    max_rows: int,
+    too_many: str = "too_many_gpus",
+    join_tail: bool = False,
+    expected: Sequence[str] | None = None,
 ) -> CsvTable:
     """nvidia-smi CSV (header with or without units) -> CsvTable.
 
-    A line without any comma is a message nvidia-smi prints between rows (e.g.
+    The header is the line whose fields are exactly the ``expected`` ones, the fields
+    asked for (find_header); lines before it are messages (an infoROM warning), skipped
+    and counted. A line without any comma is a message nvidia-smi prints between rows (e.g.
     "Unable to determine the device handle for GPU...: Unknown Error" for a lost
     GPU): skipped and counted. Any other line that does not fit the header fails
     the whole parse (CollectorError bad_row or parse_error), as do more than
@@ -235,10 +241,11 @@ def parse_csv(
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         raise CollectorError("parse_error", "empty output")
-    header = list(csv_header(lines[0]))
+    start = find_header(lines, expected)
+    header = list(csv_header(lines[start]))
     rows: list[dict[str, str]] = []
-    skipped = 0
-    for number, line in enumerate(lines[1:], start=2):
+    skipped = start  # message lines before the header (an infoROM warning)
+    for number, line in enumerate(lines[start + 1 :], start=start + 2):
         if len(header) > 1 and "," not in line:
             skipped += 1
             continue
@@ -251,10 +258,36 @@ def parse_csv(
     return CsvTable(header, rows, skipped)
 
 
+# Fields nvidia-smi prints under another name than the one asked for (its help lists
+# both: "used_gpu_memory" or "used_memory").
+HEADER_ALIASES = {"used_gpu_memory": "used_memory"}
+
+
+def header_key(name: str) -> str:
+    """A header or query field name -> the one name both are compared by."""
+    canonical = canonical_field(name)
+    return HEADER_ALIASES.get(canonical, canonical)
+
+
+def find_header(lines: list[str], expected: Sequence[str] | None) -> int:
+    """Index of the header: the first line whose fields are ``expected`` (compared by
+    header_key), or without ``expected`` the first line that is a header at all.
+    CollectorError parse_error when there is none."""
+    want = None if expected is None else tuple(header_key(f) for f in expected)
+    for index, line in enumerate(lines):
+        try:
+            header = csv_header(line)
+        except CollectorError:
+            continue
+        if want is None or header == want:
+            return index
+    raise CollectorError("parse_error", "no CSV header" if want is None else "no expected header")
+
+
 @functools.lru_cache(maxsize=16)
 def csv_header(line: str) -> tuple[str, ...]:
     """A header line -> canonical field names; the loop sees the same line every cycle."""
-    header = tuple(canonical_field(h) for h in csv_fields(line, "parse_error"))
+    header = tuple(header_key(h) for h in csv_fields(line, "parse_error"))
     if not header or not all(FIELD_NAME_RE.fullmatch(h) for h in header):
         raise CollectorError("parse_error", "no CSV header")
     return header
@@ -380,8 +413,8 @@ class NvidiaParse(NamedTuple):
     duplicates: int  # rows whose index an earlier row had
 
 
-def parse_nvidia_output(text: str) -> NvidiaParse:
-    table = parse_csv(text, MAX_GPUS, "too_many_gpus", join_tail=True)
+def parse_nvidia_output(text: str, expected: Sequence[str] | None = None) -> NvidiaParse:
+    table = parse_csv(text, MAX_GPUS, "too_many_gpus", join_tail=True, expected=expected)
     if "index" not in table.header:
         raise CollectorError("parse_error", "no index column")
     gpus: dict[str, GpuData] = {}
@@ -393,10 +426,13 @@ def parse_nvidia_output(text: str) -> NvidiaParse:
     return NvidiaParse(sorted(gpus.values(), key=lambda g: int(g.gpu)), table.skipped, duplicates)
 
 
-def nvidia_gpus_and_notes(text: str) -> tuple[list[GpuData], list[Sample]]:
+def nvidia_gpus_and_notes(
+    text: str, expected: Sequence[str] | None = None
+) -> tuple[list[GpuData], list[Sample]]:
     """GPUs plus the parse's health series; duplicate indices fail the cycle:
-    which of two rows for one GPU is right cannot be known."""
-    parsed = parse_nvidia_output(text)
+    which of two rows for one GPU is right cannot be known. ``expected``: the
+    --query-gpu fields (the header to look for)."""
+    parsed = parse_nvidia_output(text, expected)
     notes = [
         Sample("collector_skipped_lines", (), float(parsed.skipped)),
         Sample("collector_duplicate_gpu_rows", (), float(parsed.duplicates)),
@@ -406,8 +442,8 @@ def nvidia_gpus_and_notes(text: str) -> tuple[list[GpuData], list[Sample]]:
     return parsed.gpus, notes
 
 
-def parse_nvidia_gpus(text: str) -> list[GpuData]:
-    return nvidia_gpus_and_notes(text)[0]
+def parse_nvidia_gpus(text: str, expected: Sequence[str] | None = None) -> list[GpuData]:
+    return nvidia_gpus_and_notes(text, expected)[0]
 
 
 class ComputeApp(NamedTuple):
@@ -416,9 +452,9 @@ class ComputeApp(NamedTuple):
     used_bytes: float | None
 
 
-def parse_compute_apps(text: str) -> list[ComputeApp]:
+def parse_compute_apps(text: str, expected: Sequence[str] | None = None) -> list[ComputeApp]:
     apps = []
-    table = parse_csv(text, MAX_COMPUTE_APPS, "too_many_processes")
+    table = parse_csv(text, MAX_COMPUTE_APPS, "too_many_processes", expected=expected)
     if "pid" not in table.header:
         raise CollectorError("parse_error", "no pid column")
     for row in table.rows:

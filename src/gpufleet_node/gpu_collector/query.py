@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any
+import re
+from typing import Any, NamedTuple
 
 from .amd import parse_amd_smi, parse_rocm_smi
 from .model import AMD_MAX_BYTES, MAX_GPUS, CollectorError, GpuData, Sample
@@ -75,31 +76,38 @@ class FieldMemory:
         return True
 
 
-def query_nvidia_gpus(nvidia_smi: str, memory: FieldMemory, deadline: Deadline) -> str:
+class NvidiaAnswer(NamedTuple):
+    text: str  # the CSV nvidia-smi printed
+    fields: list[str]  # the fields asked for: its header
+
+
+def query_nvidia_gpus(nvidia_smi: str, memory: FieldMemory, deadline: Deadline) -> NvidiaAnswer:
     """One --query-gpu call; a second one only after an invalid-field error."""
     for attempt in (1, 2):
-        argv = [nvidia_smi, "--query-gpu=" + ",".join(memory.fields()), "--format=csv,nounits"]
+        fields = memory.fields()
+        argv = [nvidia_smi, "--query-gpu=" + ",".join(fields), "--format=csv,nounits"]
         result = run_command(argv, deadline.left())
         stdout = _checked(result, "nvidia-smi --query-gpu")
         if result.error is None:
-            return stdout
+            return NvidiaAnswer(stdout, fields)
         bad = invalid_fields(stdout + result.stderr)
         if bad:
             if not any([memory.forget(b) for b in bad]) or attempt == 2:
                 raise CollectorError("invalid_field", ", ".join(bad))
             continue
         if "No devices were found" in stdout + result.stderr:
-            return "index\n"
-        if has_gpu_rows(stdout):
-            return stdout  # partial answer (e.g. one GPU lost): keep the healthy ones
+            return NvidiaAnswer(", ".join(fields) + "\n", fields)
+        if has_gpu_rows(stdout, fields):
+            # partial answer (e.g. one GPU lost): keep the healthy ones
+            return NvidiaAnswer(stdout, fields)
         detail = (stdout + result.stderr).strip().splitlines()[:1]
         raise CollectorError("exit_code", f"rc={result.returncode} {detail}")
     raise CollectorError("invalid_field")
 
 
-def has_gpu_rows(text: str) -> bool:
+def has_gpu_rows(text: str, fields: list[str]) -> bool:
     try:
-        return bool(parse_nvidia_gpus(text))
+        return bool(parse_nvidia_gpus(text, fields))
     except CollectorError:
         return False
 
@@ -114,7 +122,7 @@ def query_compute_apps(nvidia_smi: str, deadline: Deadline) -> list[ComputeApp]:
     stdout = _checked(result, "nvidia-smi --query-compute-apps")
     if result.error is not None:
         raise CollectorError("exit_code", f"compute-apps rc={result.returncode}")
-    return parse_compute_apps(stdout)
+    return parse_compute_apps(stdout, COMPUTE_APPS_FIELDS)
 
 
 def query_amd(args: argparse.Namespace, deadline: Deadline) -> list[GpuData]:
@@ -166,10 +174,43 @@ ROCM_SMI_ARGS = (
 )
 
 
+# Lines before the document (amd-smi prints "[WARNING] ..." lines, and rocm-smi
+# "WARNING: ..."): the document starts on the first of these lines that holds a whole
+# JSON value followed by nothing but white space.
+MAX_LEADING_LINES = 16
+MAX_INT_DIGITS = 20  # a 64-bit counter; a longer integer is read as a float (inf: absent)
+
+
+def bounded_int(text: str) -> int | float:
+    """json's parse_int: no integer of thousands of digits (slow, and float() of it
+    raises OverflowError); a longer one becomes a float, inf past 1e308."""
+    digits = len(text.lstrip("-"))
+    return int(text) if digits <= MAX_INT_DIGITS else float(text)
+
+
+JSON_DECODER = json.JSONDecoder(parse_int=bounded_int)
+LEADING_BLANKS_RE = re.compile(r"[ \t]*")
+
+
 def _load_json_text(text: str) -> Any:
-    # Some versions print a WARNING line before the JSON document.
-    start = min((i for i in (text.find("{"), text.find("[")) if i >= 0), default=-1)
-    try:
-        return json.loads(text[start:]) if start >= 0 else None
-    except (ValueError, RecursionError) as exc:
-        raise CollectorError("parse_error", f"bad JSON: {exc}") from exc
+    """The JSON document of a tool's output, after any warning lines (None for empty
+    output); CollectorError parse_error when no line within MAX_LEADING_LINES starts one."""
+    if not text.strip():
+        return None
+    start, error = 0, "no JSON document"
+    for _ in range(MAX_LEADING_LINES + 1):
+        begin = LEADING_BLANKS_RE.match(text, start).end()  # type: ignore[union-attr]
+        if text.startswith(("{", "["), begin):
+            try:
+                value, end = JSON_DECODER.raw_decode(text, begin)
+            except (ValueError, RecursionError) as exc:
+                error = f"bad JSON: {exc}"
+            else:
+                if not text[end:].strip():
+                    return value
+                error = "text after the JSON document"
+        newline = text.find("\n", start)
+        if newline < 0:
+            break
+        start = newline + 1
+    raise CollectorError("parse_error", error)

@@ -8,22 +8,29 @@ import re
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
+from .files import read_regular, read_text
 from .model import STATE_MAX_BYTES
 from .nvidia import ComputeApp
 
 #
 # A GPU process's Slurm job comes from its cgroup path, which slurmstepd (root)
 # creates and the job's user cannot choose. One line of /proc/PID/cgroup is
-# "hierarchy-id:controllers:path"; the path shapes (after any prefix, e.g. a
-# container's cgroup namespace root):
-#   cgroup v1 (22.05, 24.11): /slurm/uid_<uid>/job_<id>[/step_<s>[/task_<n>]]
-#       /slurm_<node>/... when several slurmd run on the host; 24.11 in a private
-#       cgroupns: "4:freezer:/slurm_<node>/uid_1000/job_3/step_batch"
-#   cgroup v2 ("0::" line): /system.slice/slurmstepd.scope/job_<id>/step_<s>[/user/task_<n>]
-#       /system.slice/<node>_slurmstepd.scope/... when several slurmd run
+# "hierarchy-id:controllers:path". Only the hierarchy and the position slurmd
+# creates count, from the root of the hierarchy (or --slurm-cgroup-root, the cgroup
+# a containerised slurmd runs under, as the collector sees it):
+#   cgroup v1, a controller line (freezer, memory, ... never a "name=" hierarchy):
+#       /slurm[_<node>]/uid_<uid>/job_<id>[/...]           (22.05, 24.11)
+#       24.11 in a private cgroupns: "4:freezer:/slurm_<node>/uid_1000/job_3/step_batch"
+#   cgroup v2, the "0::" line:
+#       /system.slice/[<node>_]slurmstepd.scope/job_<id>[/step_<s>[/user/task_<n>]...]
 #   Slurm 26.05+ (v2) names the job directory by its SLUID instead of job_<id>
 #       (.../slurmstepd.scope/sEKNKTV3WPV500/step_0/...) unless cgroup.conf has
 #       CgroupJobIdPaths=yes (26.05.2+).
+# Below the job directory anything goes: only root and the job's own processes can
+# create cgroups there, and they are that job's. The same fragments anywhere else
+# (under user@<uid>.service/app.slice, a rootless container's cgroup, any other depth)
+# are cgroups a user made: not a job. Lines are split on "\n" only: a cgroup name
+# may hold "\r" or U+2028, never "\n" (the kernel refuses it).
 # A SLUID is "s" + 13 Crockford base32 digits of a 64-bit number made of a
 # cluster id, a millisecond timestamp and a sequence number (Slurm's
 # src/common/sluid.c): the job id cannot be computed from it. The collector
@@ -57,13 +64,12 @@ class CgroupJob(NamedTuple):
     sluid: str = ""  # Slurm 26.05+ job directory name, upper case
 
 
-def parse_slurm_cgroup(text: str) -> CgroupJob | None:
-    """/proc/PID/cgroup text -> the Slurm job of the first line that names one."""
-    for line in text.splitlines():
-        job = slurm_job_of_path(cgroup_line_path(line))
-        if job is not None:
-            return job
-    return None
+def parse_slurm_cgroup(text: str, root: str = "") -> CgroupJob | None:
+    """/proc/PID/cgroup text -> the Slurm job its lines name; None when no line names
+    one, or two lines name different jobs (which of them is true cannot be known)."""
+    jobs = {slurm_job_of_line(line, root) for line in text.split("\n")}
+    jobs.discard(None)
+    return jobs.pop() if len(jobs) == 1 else None
 
 
 def cgroup_line_path(line: str) -> str:
@@ -74,19 +80,55 @@ def cgroup_line_path(line: str) -> str:
     return parts[2] if parts[2].startswith("/") else ""
 
 
-def slurm_job_of_path(path: str) -> CgroupJob | None:
-    parts = [*path.split("/"), "", ""]
-    for i, part in enumerate(parts[:-2]):
-        if SLURM_V2_SCOPE_RE.fullmatch(part):
-            job = job_dir(parts[i + 1], None)
-        elif SLURM_V1_ROOT_RE.fullmatch(part):
-            uid = bounded_int(UID_DIR_RE, parts[i + 1], MAX_UID)
-            job = job_dir(parts[i + 1 if uid is None else i + 2], uid)
-        else:
-            continue
-        if job is not None:
-            return job
+def slurm_job_of_line(line: str, root: str = "") -> CgroupJob | None:
+    """One /proc/PID/cgroup line -> its Slurm job, only at the position slurmd creates
+    in the hierarchy it uses (v2 form on the "0::" line, v1 form on a controller line)."""
+    names = names_below(cgroup_line_path(line), root)
+    if names is None:
+        return None
+    hierarchy, controllers = line.split(":", 2)[:2]
+    if hierarchy == "0" and controllers == "":
+        return v2_job(names)
+    if controllers and not controllers.startswith("name="):
+        return v1_job(names)
     return None
+
+
+def names_below(path: str, root: str) -> list[str] | None:
+    """'/a/b/c' below root '/a' -> ['b', 'c']; None if not below it or an empty name
+    (the kernel never writes '//' or a trailing '/' except for the root itself)."""
+    if not path.startswith(root + "/"):
+        return None
+    names = path[len(root) + 1 :].split("/")
+    return names if all(names) else None
+
+
+def v1_job(names: list[str]) -> CgroupJob | None:
+    """['slurm[_node]', 'uid_<n>', 'job_<n>', ...] -> CgroupJob."""
+    if len(names) < 3 or not SLURM_V1_ROOT_RE.fullmatch(names[0]):
+        return None
+    uid = bounded_int(UID_DIR_RE, names[1], MAX_UID)
+    return None if uid is None else job_dir(names[2], uid)
+
+
+def v2_job(names: list[str]) -> CgroupJob | None:
+    """['system.slice', '[node_]slurmstepd.scope', 'job_<n>' or SLUID, ...] -> CgroupJob."""
+    if len(names) < 3 or names[0] != "system.slice":
+        return None
+    return job_dir(names[2], None) if SLURM_V2_SCOPE_RE.fullmatch(names[1]) else None
+
+
+def valid_cgroup_root(root: str) -> bool:
+    """--slurm-cgroup-root: '' (the hierarchy's root) or an absolute path without
+    empty names, '.' or '..', and without a trailing '/'."""
+    if root == "":
+        return True
+    names = root.split("/")
+    return (
+        names[0] == ""
+        and len(root) <= MAX_CGROUP_LINE
+        and all(n and n not in (".", "..") and "\n" not in n for n in names[1:])
+    )
 
 
 def job_dir(name: str, uid: int | None) -> CgroupJob | None:
@@ -152,16 +194,12 @@ def user_name(uid: int | None) -> str:
 
 
 def _read_bytes(path: str, limit: int) -> bytes | None:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(limit)
-    except OSError:
-        return None
+    """A regular file's first ``limit`` bytes (files.read_regular: never blocks on a FIFO)."""
+    return read_regular(path, limit)
 
 
 def _read_text(path: str, limit: int = STATE_MAX_BYTES) -> str | None:
-    data = _read_bytes(path, limit)
-    return None if data is None else data.decode("utf-8", "replace")
+    return read_text(path, limit)
 
 
 class JobRef(NamedTuple):
@@ -170,9 +208,12 @@ class JobRef(NamedTuple):
     sluid: str = ""
 
 
-def job_of_pid(proc_root: str, pid: int, resolver: SluidResolver | None = None) -> JobRef | None:
+def job_of_pid(
+    proc_root: str, pid: int, resolver: SluidResolver | None = None, cgroup_root: str = ""
+) -> JobRef | None:
     pid_dir = os.path.join(proc_root, str(pid))
-    parsed = parse_slurm_cgroup(_read_text(os.path.join(pid_dir, "cgroup"), CGROUP_MAX_BYTES) or "")
+    text = _read_text(os.path.join(pid_dir, "cgroup"), CGROUP_MAX_BYTES) or ""
+    parsed = parse_slurm_cgroup(text, cgroup_root)
     if parsed is None:
         return None
     uid = parsed.uid

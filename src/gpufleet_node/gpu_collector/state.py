@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..exposition import write_textfile
+from .kernlog import REJECT_REASONS
 from .slurm import _read_text
 
 
@@ -60,6 +61,15 @@ def _valid_pci_map(value: Any) -> bool:
     )
 
 
+# The range of each integer of a read position: a file offset or inode is never
+# negative; a kmsg sequence number starts at -1 (nothing read yet).
+POSITION_RANGES: dict[str, tuple[int, int]] = {
+    "inode": (0, 2**64 - 1),
+    "offset": (0, 2**63 - 1),
+    "seq": (-1, 2**64 - 1),
+}
+
+
 def _valid_position(value: Any) -> bool:
     """{"inode", "offset"} (file), {"cursor"} (journald), {"boot_id", "seq"} (kmsg)."""
     if not isinstance(value, dict):
@@ -68,15 +78,22 @@ def _valid_position(value: Any) -> bool:
         types = POSITION_TYPES.get(key, (object,))
         if isinstance(item, bool) or not isinstance(item, types):
             return False
-        if _is_int(item) and item < -1:  # seq starts at -1
+        low, high = POSITION_RANGES.get(key, (0, 0))
+        if _is_int(item) and not low <= item <= high:
             return False
     return True
 
 
+def _valid_rejected(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        k in REJECT_REASONS and _is_int(v) and 0 <= v < 2**53 for k, v in value.items()
+    )
+
+
 XID_STATE_CHECKS: tuple[tuple[str, Callable[[Any], bool]], ...] = (
     ("counts", _valid_counts),
+    ("rejected", _valid_rejected),
     ("pci_map", _valid_pci_map),
-    ("position", _valid_position),
     ("source", lambda value: isinstance(value, str)),
 )
 
@@ -100,7 +117,12 @@ def load_xid_state(path: str | None) -> dict[str, Any]:
     if problem:
         log(f"ignoring XID state {path} ({problem}): XID counters start from zero")
         return {}
-    return dict(data)
+    state = dict(data)
+    if "position" in state and not _valid_position(state["position"]):
+        # Only where to read from is lost: the counters stay, reading starts afresh.
+        log(f"ignoring the read position of XID state {path} (wrong shape or range)")
+        del state["position"]
+    return state
 
 
 def save_json(path: str | None, data: dict[str, Any]) -> None:

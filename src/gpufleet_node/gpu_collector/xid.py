@@ -1,40 +1,70 @@
-"""Kernel-log sources of XID lines: journald, /dev/kmsg, a file."""
+"""Kernel-log sources of XID records: journald, /dev/kmsg, a file (the grammar: kernlog)."""
 
 from __future__ import annotations
 
 import errno
 import os
-import re
 from typing import Any
 
-from .health import count_xids, parse_xid_lines
+from .files import open_regular
+from .health import count_xids
+from .kernlog import (
+    REJECT_REASONS,
+    KernelRecord,
+    file_record,
+    journal_entry,
+    kmsg_record,
+    parse_records,
+)
 from .model import JOURNAL_MAX_BYTES, XID_FILE_MAX_BYTES, CollectorError
 from .run import run_command
 from .slurm import _read_text
 from .state import log
 
 
-def read_xid_file(path: str, state: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+def read_xid_file(path: str, state: dict[str, Any]) -> tuple[list[KernelRecord], dict[str, Any]]:
     """New complete lines since the stored offset (restart if rotated/truncated).
 
     At most XID_FILE_MAX_BYTES per cycle: a backlog is read over several cycles.
     """
-    st = os.stat(path)
-    offset = int(state.get("offset", 0))
-    if state.get("inode") != st.st_ino or st.st_size < offset:
-        offset = 0
-    with open(path, "rb") as handle:
+    with open_regular(path) as handle:  # a FIFO is an error, never a hang
+        st = os.fstat(handle.fileno())
+        offset = file_offset(state, st.st_ino, st.st_size)
         handle.seek(offset)
         data = handle.read(XID_FILE_MAX_BYTES)
     end = data.rfind(b"\n") + 1
     if end == 0 and len(data) == XID_FILE_MAX_BYTES:  # one line longer than that: skip it
         return [], {"inode": st.st_ino, "offset": offset + len(data)}
-    lines = data[:end].decode("utf-8", "replace").splitlines()
-    return lines, {"inode": st.st_ino, "offset": offset + end}
+    lines = data[:end].decode("utf-8", "replace").split("\n")[:-1]
+    return [file_record(line) for line in lines], {"inode": st.st_ino, "offset": offset + end}
 
 
-def read_xid_journald(state: dict[str, Any], timeout: float) -> tuple[list[str], dict[str, Any]]:
-    argv = ["journalctl", "-k", "-b", "-q", "--no-pager", "-o", "cat", "--show-cursor"]
+def file_offset(state: dict[str, Any], inode: int, size: int) -> int:
+    """The stored offset when it is one of this file (same inode, 0 <= offset <= size),
+    else 0: a rotated, truncated or corrupt position restarts at the file's beginning."""
+    offset = state.get("offset", 0)
+    if state.get("inode") != inode or not isinstance(offset, int) or not 0 <= offset <= size:
+        return 0
+    return offset
+
+
+JOURNAL_ARGV = (
+    "journalctl",
+    "-k",  # _TRANSPORT=kernel; each record's origin is checked again (journal_entry)
+    "-b",
+    "-q",
+    "--no-pager",
+    "--all",
+    "-o",
+    "json",  # one record per line, its lines and origin fields intact
+    "--output-fields=MESSAGE,_TRANSPORT,SYSLOG_FACILITY",
+)
+
+
+def read_xid_journald(
+    state: dict[str, Any], timeout: float
+) -> tuple[list[KernelRecord], dict[str, Any]]:
+    argv = list(JOURNAL_ARGV)
     if state.get("cursor"):
         argv.append("--after-cursor=" + str(state["cursor"]))
     result = run_command(argv, timeout, JOURNAL_MAX_BYTES, keep_tail=True)
@@ -48,30 +78,26 @@ def read_xid_journald(state: dict[str, Any], timeout: float) -> tuple[list[str],
         return [], {"cursor": None if stale else state.get("cursor")}
     if result.error is not None:
         raise CollectorError("exec_error", f"journalctl rc={result.returncode}")
-    lines, cursor = [], state.get("cursor")
-    for line in result.stdout.splitlines():
-        if line.startswith("-- cursor: "):
-            cursor = line[len("-- cursor: ") :].strip()
-        else:
-            lines.append(line)
-    return lines, {"cursor": cursor}
+    records, cursor = [], state.get("cursor")
+    for line in result.stdout.split("\n"):  # not splitlines(): U+2028 stays inside
+        entry_cursor, record = journal_entry(line)
+        cursor = entry_cursor or cursor
+        if record is not None:
+            records.append(record)
+    return records, {"cursor": cursor}
 
 
-def parse_kmsg_record(record: str) -> tuple[int, str] | None:
-    """'6,1234,5678,-;NVRM: Xid ...' -> (1234, message)."""
-    head, sep, message = record.partition(";")
-    fields = head.split(",")
-    if not sep or len(fields) < 3 or not re.fullmatch(r"[0-9]{1,19}", fields[1]):
-        return None
-    return int(fields[1]), message.split("\n", 1)[0]
+def parse_kmsg_record(record: str) -> tuple[int, KernelRecord] | None:
+    """'6,1234,5678,-;NVRM: Xid ...' -> (1234, the kernel's record)."""
+    return kmsg_record(record)
 
 
 def read_xid_kmsg(
     state: dict[str, Any], device: str = "/dev/kmsg"
-) -> tuple[list[str], dict[str, Any]]:
+) -> tuple[list[KernelRecord], dict[str, Any]]:
     boot_id = (_read_text("/proc/sys/kernel/random/boot_id") or "").strip()
     last = int(state.get("seq", -1)) if state.get("boot_id") == boot_id else -1
-    lines, newest = [], last
+    records, newest = [], last
     fd = os.open(device, os.O_RDONLY | os.O_NONBLOCK)
     try:
         while True:
@@ -88,10 +114,10 @@ def read_xid_kmsg(
             parsed = parse_kmsg_record(chunk.decode("utf-8", "replace"))
             if parsed and parsed[0] > last:
                 newest = max(newest, parsed[0])
-                lines.append(parsed[1])
+                records.append(parsed[1])
     finally:
         os.close(fd)
-    return lines, {"boot_id": boot_id, "seq": newest}
+    return records, {"boot_id": boot_id, "seq": newest}
 
 
 def collect_xids(source: str, state: dict[str, Any], timeout: float) -> tuple[dict[str, Any], bool]:
@@ -104,13 +130,28 @@ def collect_xids(source: str, state: dict[str, Any], timeout: float) -> tuple[di
     position = dict(state.get("position", {})) if state.get("source") == source else {}
     try:
         if source == "journald":
-            lines, position = read_xid_journald(position, timeout)
+            records, position = read_xid_journald(position, timeout)
         elif source == "kmsg":
-            lines, position = read_xid_kmsg(position)
+            records, position = read_xid_kmsg(position)
         else:
-            lines, position = read_xid_file(source, position)
+            records, position = read_xid_file(source, position)
     except (OSError, CollectorError) as exc:
         log(f"XID source {source}: {exc}")
         return state, False
-    counts = count_xids(counts, parse_xid_lines(lines))
-    return {**state, "counts": counts, "position": position, "source": source}, True
+    parsed = parse_records(records)
+    counts = count_xids(counts, parsed.events)
+    rejected = add_rejected(state.get("rejected", {}), parsed.rejected)
+    if any(parsed.rejected.values()):
+        log(f"XID source {source}: XID-like records not counted: {parsed.rejected}")
+    return {
+        **state,
+        "counts": counts,
+        "rejected": rejected,
+        "position": position,
+        "source": source,
+    }, True
+
+
+def add_rejected(before: dict[str, int], new: dict[str, int]) -> dict[str, int]:
+    """Counters of rejected records, kept in the state like the XID counts."""
+    return {r: int(before.get(r, 0)) + int(new.get(r, 0)) for r in REJECT_REASONS}

@@ -18,7 +18,9 @@ from gpufleet_node.gpu_collector import (
     amd,
     cli,
     collect,
+    files,
     health,
+    kernlog,
     metrics,
     model,
     nvidia,
@@ -66,9 +68,11 @@ def _build_zipapp() -> Path:
 
 MODULES = (
     model,
+    files,
     values,
     nvidia,
     amd,
+    kernlog,
     health,
     slurm,
     metrics,

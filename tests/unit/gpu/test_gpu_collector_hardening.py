@@ -114,7 +114,7 @@ def test_csv_module_errors_become_parse_errors(monkeypatch):
 def test_internal_errors_still_write_a_failure(fake_smi, run_collector, monkeypatch):
     run_collector()
 
-    def broken(text):
+    def broken(*_args):
         raise ZeroDivisionError("a bug")
 
     monkeypatch.setattr(collect, "nvidia_gpus_and_notes", broken)
@@ -225,19 +225,28 @@ def test_journal_backlog_keeps_the_newest_lines_and_the_cursor(monkeypatch, tmp_
     monkeypatch.setattr(xid, "JOURNAL_MAX_BYTES", 4096)
     journal = tmp_path / "bin" / "journalctl"
     journal.parent.mkdir()
+    noise = journal_json("usb 1-1: noise noise noise", "s=noise")
+    xid_entry = journal_json(
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.", "s=new;i=9"
+    )
     journal.write_text(
         "#!/bin/sh\n"
         "i=0\n"
-        "while [ $i -lt 2000 ]; do echo 'usb 1-1: noise noise noise'; i=$((i+1)); done\n"
-        "echo 'NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.'\n"
-        "echo '-- cursor: s=new;i=9'\n"
+        f"while [ $i -lt 2000 ]; do echo '{noise}'; i=$((i+1)); done\n"
+        f"echo '{xid_entry}'\n"
     )
     journal.chmod(0o755)
     monkeypatch.setenv("PATH", f"{journal.parent}{os.pathsep}{os.environ['PATH']}")
-    lines, position = gc.read_xid_journald({"cursor": "s=old"}, 10)
+    records, position = gc.read_xid_journald({"cursor": "s=old"}, 10)
     assert position == {"cursor": "s=new;i=9"}
-    assert gc.parse_xid_lines(lines) == [("0000:3b:00", 79)]
-    assert len("\n".join(lines)) < 4096
+    assert gc.parse_records(records).events == [("0000:3b:00", 79)]
+    assert len("\n".join(r.message for r in records)) < 4096
+
+
+def journal_json(message: str, cursor: str, transport: str = "kernel", facility: str = "0") -> str:
+    """One line of `journalctl -o json --output-fields=MESSAGE,_TRANSPORT,SYSLOG_FACILITY`."""
+    entry = {"__CURSOR": cursor, "MESSAGE": message, "_TRANSPORT": transport}
+    return json.dumps({**entry, "SYSLOG_FACILITY": facility})
 
 
 def test_xid_file_backlog_is_read_over_cycles(monkeypatch, tmp_path):
@@ -372,7 +381,7 @@ def test_journalctl_keeps_its_share_when_nvidia_smi_hangs(
     _hanging_journalctl(
         tmp_path,
         monkeypatch,
-        f"printf '%s\\n' '{XID_LINE.strip()}' '-- cursor: s=a;i=1'\n",
+        f"printf '%s\\n' '{journal_json(XID_LINE.strip(), 's=a;i=1')}'\n",
     )
     fake_smi.set(mode="hang")
     text = run_collector("--xid-source", "journald", "--timeout", "3", expect_success=False)

@@ -58,9 +58,10 @@ V2_SHAPES = [
     ("0::/system.slice/slurmstepd.scope/job_3\n", "3"),
     ("0::/system.slice/gpu01_slurmstepd.scope/job_7/step_0/user/task_1\n", "7"),  # multi-slurmd
     ("0::/system.slice/gpu-a.rack2_slurmstepd.scope/job_7/step_batch/user/task_0\n", "7"),
-    # a node inside a container whose cgroup namespace is not private
-    ("0::/machine.slice/libpod-1a2b.scope/system.slice/slurmstepd.scope/job_9/step_0\n", "9"),
 ]
+# A node inside a container whose cgroup namespace is not private: slurmd's hierarchy
+# lies below the container's cgroup, which --slurm-cgroup-root names.
+IN_CONTAINER = "0::/machine.slice/libpod-1a2b.scope/system.slice/slurmstepd.scope/job_9/step_0\n"
 # Slurm 26.05 without CgroupJobIdPaths=yes (shared/reference/jobcentric-anchors.md).
 SLUID = "sEKNKTV3WPV500"
 V2_SLUID = f"0::/system.slice/slurmstepd.scope/{SLUID}/step_0/user/task_0\n"
@@ -86,6 +87,7 @@ def test_parse_slurm_cgroup_files(text, expected):
 
 @pytest.mark.parametrize(("text", "job_id"), V2_SHAPES)
 def test_v2_shapes(text, job_id):
+    assert gc.parse_slurm_cgroup(text, "") == gc.parse_slurm_cgroup(text)
     job = gc.parse_slurm_cgroup(text)
     assert job is not None and job.job_id == job_id and job.uid is None and job.sluid == ""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from gpu_helpers import gc, stateless_argv, values_of
+from test_gpu_collector_hardening import journal_json
 
 from gpufleet_node.gpu_collector import xid
 
@@ -91,8 +92,14 @@ def test_counts_are_pure_and_cumulative():
 
 def test_kmsg_record():
     record = "3,1234,5678901,-;NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.\n"
-    assert gc.parse_kmsg_record(record) == (1234, record.split(";", 1)[1].strip())
+    message = record.split(";", 1)[1].strip()
+    assert gc.parse_kmsg_record(record) == (1234, gc.KernelRecord(message, True))
     assert gc.parse_kmsg_record(" SUBSYSTEM=pci") is None
+    # facility 1 (user): written to /dev/kmsg from user space, not the kernel's
+    assert gc.parse_kmsg_record("14,7,1,-;" + message) == (7, gc.KernelRecord(message, False))
+    # escaped control bytes come back: one multi-line printk is one record
+    escaped = "4,8,1,-;NVRM: The NVIDIA GPU 0000:b3:00.0\\x0aNVRM: fallen off the bus and is"
+    assert gc.parse_kmsg_record(escaped)[1].message.split("\n")[1].startswith("NVRM: fallen")
 
 
 def test_journald_cursor_is_passed_and_kept(monkeypatch):
@@ -100,12 +107,12 @@ def test_journald_cursor_is_passed_and_kept(monkeypatch):
 
     def fake_run(argv, timeout, *_bounds, **_kw):
         seen.append(argv)
-        out = "NVRM: Xid (PCI:0000:3b:00): 31, pid=1, MMU Fault\n-- cursor: s=abc;i=2\n"
-        return gc.CommandResult(out, 0.0, None, "", 0)
+        out = journal_json("NVRM: Xid (PCI:0000:3b:00): 31, pid=1, MMU Fault", "s=abc;i=2")
+        return gc.CommandResult(out + "\n", 0.0, None, "", 0)
 
     monkeypatch.setattr(xid, "run_command", fake_run)
-    lines, position = gc.read_xid_journald({"cursor": "s=abc;i=1"}, 5)
-    assert lines == ["NVRM: Xid (PCI:0000:3b:00): 31, pid=1, MMU Fault"]
+    records, position = gc.read_xid_journald({"cursor": "s=abc;i=1"}, 5)
+    assert records == [gc.KernelRecord("NVRM: Xid (PCI:0000:3b:00): 31, pid=1, MMU Fault", True)]
     assert position == {"cursor": "s=abc;i=2"}
     assert "--after-cursor=s=abc;i=1" in seen[0]
     assert seen[0][:3] == ["journalctl", "-k", "-b"]
