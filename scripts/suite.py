@@ -20,6 +20,7 @@ hung scenario is killed and reported, not left to eat CI's 90 minutes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -68,6 +69,9 @@ DURATION = re.compile(r"^\s*([0-9.]+)s (setup|call|teardown)\s+(\S+)")
 
 print_lock = threading.Lock()
 started = time.monotonic()
+# Each part runs in its own process group (so a deadline kills its whole tree); these are
+# the groups still running, for a run that is itself stopped.
+running: set[int] = set()
 
 
 def say(line: str) -> None:
@@ -134,6 +138,7 @@ def run_part(
             errors="replace",
             start_new_session=True,
         )
+        running.add(process.pid)
         timer = threading.Timer(deadline, _kill, (process, part, deadline))
         timer.start()
         assert process.stdout is not None
@@ -152,6 +157,7 @@ def run_part(
                 part.tests.append((f"{test} ({match.group(2)})", float(match.group(1))))
         part.rc = process.wait()
         timer.cancel()
+        running.discard(process.pid)
     if phase:
         part.phases.append((phase, now() - phase_start))
     part.end = now()
@@ -172,6 +178,14 @@ def _kill(process: subprocess.Popen, part: Part, deadline: float) -> None:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def stop(signum: int, _frame: object) -> None:
+    """A stopped run (Ctrl-C, CI's kill) stops every part it started, not only itself."""
+    for group in list(running):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGTERM)
+    os._exit(128 + signum)
 
 
 def read_task_times(path: Path) -> dict[str, float]:
@@ -382,6 +396,8 @@ def lint(logs: Path) -> bool:
 
 
 def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     logs = TIMES_DIR / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     for old in logs.iterdir():
