@@ -269,7 +269,8 @@ def test_keyed_groups_adding_too_many_groups_is_refused(
     data = minimal_node_list()
     data["keyed_groups"] = [
         {
-            "key": "range(40) | map('string') | map('regex_replace', '^', inventory_hostname) | list",
+            "key": "range(40) | map('string') | map('regex_replace', '^', inventory_hostname)"
+            " | list",
             "prefix": "k",
         }
     ]
