@@ -8,29 +8,48 @@ import re
 import sys
 
 from ansible.errors import AnsibleError, AnsibleParserError
+from ansible.module_utils.common.text.converters import to_text
 from ansible.parsing.dataloader import DataLoader
 from ansible.plugins.inventory import BaseInventoryPlugin, Constructable
 
 try:
+    from gpufleet.deadline import DeadlineExceeded, deadline
     from gpufleet.inventory import build_inventory
-    from gpufleet.limits import check_regular_file
+    from gpufleet.limits import (
+        CONSTRUCT_DEADLINE_S,
+        MAX_CONSTRUCTED_GROUPS,
+        check_regular_file,
+    )
     from gpufleet.nodelist import (
         NODE_LIST_SUFFIXES,
         NodeListError,
+        YamlProblem,
+        construct_problem,
+        load_yaml,
         node_list_load_error,
         parse_node_list,
+        with_ansible_vars,
     )
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(
         0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "src")
     )
+    from gpufleet.deadline import DeadlineExceeded, deadline
     from gpufleet.inventory import build_inventory
-    from gpufleet.limits import check_regular_file
+    from gpufleet.limits import (
+        CONSTRUCT_DEADLINE_S,
+        MAX_CONSTRUCTED_GROUPS,
+        check_regular_file,
+    )
     from gpufleet.nodelist import (
         NODE_LIST_SUFFIXES,
         NodeListError,
+        YamlProblem,
+        construct_problem,
+        load_yaml,
         node_list_load_error,
         parse_node_list,
+        with_ansible_vars,
     )
 
 DOCUMENTATION = r"""
@@ -164,9 +183,10 @@ class InventoryModule(BaseInventoryPlugin, Constructable):
 
     def parse(self, inventory, loader, path, cache=True):
         super().parse(inventory, loader, path, cache)
+        self._source = path
         try:
-            config = self._load_node_list(path)
-            plan = build_inventory(parse_node_list(config, path))
+            config, data = self._load_node_list(path)
+            plan = build_inventory(parse_node_list(data, path))
         except NodeListError as err:
             # from None: a chained cause would be printed as a second copy of the message
             raise NodeListParserError(str(err)) from None
@@ -179,16 +199,27 @@ class InventoryModule(BaseInventoryPlugin, Constructable):
         self._populate(plan)
 
     def _load_node_list(self, path):
-        """The node list's YAML, through Ansible's loader (vault, trust), after checking
-        that it is a regular file of bounded size (never a FIFO or a device)."""
+        """The node list twice: as Ansible's loader reads it (vault, trust: for the
+        constructed options and each entry's vars), and as gpufleet's strict loader reads
+        the same text (decrypted by Ansible; duplicate keys refused, identifiers kept as
+        written), which is what gpufleet validates. The file must be a regular file of
+        bounded size (never a FIFO or a device)."""
         try:
             check_regular_file(path)
         except OSError as err:
             raise NodeListError(path, "", f"cannot read: {err.strerror or err}") from None
         try:
-            return self.loader.load_from_file(path, cache="none", **_LOAD_OPTIONS)
+            contents, _ = self.loader._get_file_contents(path)
+            strict = load_yaml(to_text(contents, errors="surrogate_or_strict"))
+        except YamlProblem as problem:
+            raise NodeListError(path, problem.where, problem.problem) from None
         except Exception as err:  # any loader failure becomes one line
             raise node_list_load_error(path, err) from None
+        try:
+            config = self.loader.load_from_file(path, cache="none", **_LOAD_OPTIONS)
+        except Exception as err:  # any loader failure becomes one line
+            raise node_list_load_error(path, err) from None
+        return config, with_ansible_vars(strict, config)
 
     def _populate(self, plan):
         inventory = self.inventory
@@ -212,10 +243,39 @@ class InventoryModule(BaseInventoryPlugin, Constructable):
         keyed_groups = self.get_option("keyed_groups")
         if not (compose or groups or keyed_groups):
             return  # nothing to template: skip 3 calls per host on big clusters
+        problem = construct_problem(len(host_vars), compose, groups, keyed_groups)
+        if problem:
+            raise NodeListParserError(str(NodeListError(self._source, *problem)))
         strict = self.get_option("strict")
-        for host, variables in host_vars.items():
-            # compose first, so that groups and keyed_groups can use the composed vars
-            self._set_composite_vars(compose, variables, host, strict=strict)
-            merged = self.inventory.get_host(host).get_vars()
-            self._add_host_to_composed_groups(groups, merged, host, strict=strict)
-            self._add_host_to_keyed_groups(keyed_groups, merged, host, strict=strict)
+        group_limit = len(self.inventory.groups) + MAX_CONSTRUCTED_GROUPS
+        try:
+            with deadline(CONSTRUCT_DEADLINE_S) as limit:
+                for host, variables in host_vars.items():
+                    # compose first, so that groups and keyed_groups can use the composed vars
+                    self._set_composite_vars(compose, variables, host, strict=strict)
+                    merged = self.inventory.get_host(host).get_vars()
+                    self._add_host_to_composed_groups(groups, merged, host, strict=strict)
+                    self._add_host_to_keyed_groups(keyed_groups, merged, host, strict=strict)
+                    if len(self.inventory.groups) > group_limit:
+                        raise NodeListParserError(
+                            str(
+                                NodeListError(
+                                    self._source,
+                                    "keyed_groups",
+                                    f"adds more than {MAX_CONSTRUCTED_GROUPS:,} groups "
+                                    f"(at host {host})",
+                                )
+                            )
+                        )
+                    limit.check()
+        except DeadlineExceeded:
+            raise NodeListParserError(
+                str(
+                    NodeListError(
+                        self._source,
+                        "compose/groups/keyed_groups",
+                        f"templating took longer than {CONSTRUCT_DEADLINE_S:g} s for "
+                        f"{len(host_vars):,} hosts; simplify the expressions",
+                    )
+                )
+            ) from None

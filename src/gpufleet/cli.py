@@ -13,7 +13,6 @@ shard lock is ``monitoring.shard_lock`` of the node list (of OLD with --diff), o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -34,6 +33,7 @@ from gpufleet.nodelist import (
 )
 from gpufleet.sharding import diff_assignments, imbalance
 from gpufleet.shardlock import format_lock
+from gpufleet_node.numbers import strict_dumps
 
 EXIT_OK = 0
 EXIT_INVALID = 2
@@ -258,7 +258,7 @@ def run_plan(args: argparse.Namespace) -> str:
             raise SystemExit("gpufleet plan: --write-lock writes INVENTORY's plan, not a diff")
         old_path, new_path = args.diff
         report = diff_report(load(old_path, None, args.lock), load(new_path, args.shards))
-        return json.dumps(report, indent=2) if args.json else format_diff(report)
+        return strict_dumps(report, indent=2) if args.json else format_diff(report)
     if not args.inventory:
         raise SystemExit("gpufleet plan: INVENTORY is required (or --diff OLD NEW)")
     if args.write_lock:
@@ -267,7 +267,7 @@ def run_plan(args: argparse.Namespace) -> str:
         report = write_lock(load_for_writing(args.inventory, args.lock))
     else:
         report = plan_report(load(args.inventory, args.shards, args.lock))
-    return json.dumps(report, indent=2) if args.json else format_plan(report)
+    return strict_dumps(report, indent=2) if args.json else format_plan(report)
 
 
 def load_for_writing(path: str, lock_file: str | None) -> NodeList:

@@ -104,3 +104,13 @@ def read_file_text(path: str, limit: int = MAX_FILE_BYTES) -> str:
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
         raise OSError(errno.EILSEQ, f"line {line}: not valid UTF-8") from None
+
+
+# The constructed options of a node list (compose, groups, keyed_groups): Ansible templates
+# each expression once per host, so their work is bounded three ways, each failing the
+# source with one line: the expressions written, expressions x hosts, and wall time (a
+# single expression can be slow: `range(10**8) | list`). Groups they may add are bounded.
+MAX_CONSTRUCT_EXPRESSIONS = 256
+MAX_CONSTRUCT_EVALUATIONS = 1_000_000
+MAX_CONSTRUCTED_GROUPS = 10_000
+CONSTRUCT_DEADLINE_S = 30.0

@@ -16,11 +16,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
-from gpufleet import hostlist, slurmconf
+from gpufleet import hostlist, slurmconf, strictyaml
 from gpufleet.limits import (
     MAX_ADDRESS_PATTERN_LENGTH,
+    MAX_CONSTRUCT_EVALUATIONS,
+    MAX_CONSTRUCT_EXPRESSIONS,
     MAX_CPUS,
     MAX_EXPECTED_SERIES,
     MAX_GPUS,
@@ -44,6 +44,7 @@ from gpufleet.sizing import (
     HostShape,
     estimate_series,
 )
+from gpufleet.strictyaml import YamlProblem, one_line
 
 PLUGIN_NAME = "gpufleet"
 NODE_LIST_SUFFIXES = (".gpufleet.yml", ".gpufleet.yaml")  # the files the plugin claims
@@ -96,13 +97,6 @@ _HOSTNAME_RE = re.compile(
 )
 _DOTTED_NUMBERS_RE = re.compile(r"^[0-9.]+$")
 _PLAIN_KEY_RE = re.compile(r"^[A-Za-z0-9_.,*\[\]-]{1,60}$")
-# Characters that would break the one-line error (str.splitlines() breaks on all of them).
-_LINE_BREAKING_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-
-
-def one_line(text: str) -> str:
-    """``text`` with control and line-breaking characters escaped (``\\n``, ``\\x1c``)."""
-    return _LINE_BREAKING_RE.sub(lambda match: repr(match.group())[1:-1], text)
 
 
 class NodeListError(ValueError):
@@ -853,28 +847,54 @@ def entry_key(key_path: str, key: str) -> str:
     return key_path if key_path.startswith("line ") else f"{key_path}.{key}"
 
 
+def host_key(name: str) -> str:
+    """What makes two host names one host to DNS: case and a trailing dot do not count."""
+    return name.lower().rstrip(".")
+
+
+def address_key(address: str) -> str:
+    """One address however written: an IP in its compressed form (an IPv4-mapped IPv6
+    address as the IPv4 one), a host name as :func:`host_key`."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return host_key(address)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return str(mapped or ip)
+
+
+def name_clash(name: str, owner: tuple[str, str] | None) -> str | None:
+    """Why host ``name`` may not be defined again, given the owner of its key, or None."""
+    if owner is None:
+        return None
+    other, where = owner
+    if other == name:
+        return f"duplicate host {name!r} (already defined by {where})"
+    return f"host {name!r} and host {other!r} ({where}) differ only in case: one host to DNS"
+
+
 def collect_hosts(entries: list[tuple[EntrySpec, Checker, str]], cluster: str) -> list[Host]:
-    """Expand entries into hosts; host names and addresses must be unique across all."""
+    """Expand entries into hosts; host names and addresses must be unique across all,
+    case and spelling aside (``GPU01``/``gpu01``, ``fe80::1``/``FE80:0::1``)."""
     hosts: list[Host] = []
-    name_owner: dict[str, str] = {}
-    address_owner: dict[str, tuple[str, str]] = {}
+    name_owner: dict[str, tuple[str, str]] = {}
+    address_owner: dict[str, tuple[str, str, str]] = {}
     for spec, check, key_path in entries:
         where = key_path if check.file == entries[0][1].file else f"{check.file} {key_path}"
         for host in build_hosts(check, spec, key_path, cluster):
-            if host.name in name_owner:
-                raise check.fail(
-                    entry_key(key_path, "hosts"),
-                    f"duplicate host {host.name!r} (already defined by {name_owner[host.name]})",
-                )
-            name_owner[host.name] = where
-            owner = address_owner.get(host.address)
+            clash = name_clash(host.name, name_owner.get(host_key(host.name)))
+            if clash:
+                raise check.fail(entry_key(key_path, "hosts"), clash)
+            name_owner[host_key(host.name)] = (host.name, where)
+            owner = address_owner.get(address_key(host.address))
             if owner:
+                written = "" if owner[2] == host.address else f", written {owner[2]}"
                 raise check.fail(
                     entry_key(key_path, "address"),
                     f"address {host.address} of {host.name} duplicates that of "
-                    f"{owner[0]} ({owner[1]})",
+                    f"{owner[0]} ({owner[1]}{written})",
                 )
-            address_owner[host.address] = (host.name, where)
+            address_owner[address_key(host.address)] = (host.name, where, host.address)
             hosts.append(host)
     return hosts
 
@@ -907,28 +927,57 @@ def node_list_load_error(path: str, err: BaseException) -> NodeListError:
     return NodeListError(path, "", f"cannot load: {first_line[:200]}")
 
 
-_YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-class YamlProblem(ValueError):
-    """Why a YAML text could not be loaded: ``where`` ("line N" or "") and ``problem``."""
-
-    def __init__(self, where: str, problem: str) -> None:
-        super().__init__(f"{where}: {problem}" if where else problem)
-        self.where = where
-        self.problem = problem
-
-
 def load_yaml(text: str) -> Any:
-    """``yaml.safe_load`` (libyaml's when present), every failure a :class:`YamlProblem`."""
-    try:
-        return yaml.load(text, Loader=_YamlLoader)  # a safe loader
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or (str(err).splitlines() or ["?"])[0]
-        raise YamlProblem(where, f"invalid YAML: {problem}") from None
-    except RecursionError:
-        raise YamlProblem("", "invalid YAML: nested too deeply") from None
-    except (ValueError, OverflowError, TypeError) as err:  # e.g. a timestamp like 2024-02-30
-        raise YamlProblem("", f"invalid YAML: {one_line(str(err))[:200]}") from None
+    """The strict loader (:mod:`gpufleet.strictyaml`), every failure a :class:`YamlProblem`."""
+    return strictyaml.load(text)
+
+
+def with_ansible_vars(strict: Any, loaded: Any) -> Any:
+    """``strict`` (the node list as gpufleet read it) with each ``vars`` mapping taken from
+    ``loaded`` (Ansible's loader: vault values, ``!unsafe`` and template trust intact).
+    Everything else, identifiers above all, stays as the strict loader read it."""
+    if not isinstance(strict, dict) or not isinstance(loaded, Mapping):
+        return strict
+    result = dict(strict)
+    for section in ("nodes", "servers"):
+        mine, theirs = strict.get(section), loaded.get(section)
+        if isinstance(mine, list) and isinstance(theirs, list) and len(mine) == len(theirs):
+            result[section] = [_take_vars(a, b) for a, b in zip(mine, theirs, strict=True)]
+    mine, theirs = strict.get("slurm"), loaded.get("slurm")
+    if isinstance(mine, dict) and isinstance(theirs, Mapping):
+        defaults = _take_vars(mine.get("node_defaults"), theirs.get("node_defaults"))
+        result["slurm"] = {**mine, "node_defaults": defaults} if defaults is not None else mine
+    return result
+
+
+def _take_vars(mine: Any, theirs: Any) -> Any:
+    if isinstance(mine, dict) and isinstance(theirs, Mapping) and "vars" in mine:
+        return {**mine, "vars": theirs.get("vars")}
+    return mine
+
+
+def construct_problem(
+    host_count: int, compose: Any, groups: Any, keyed_groups: Any
+) -> tuple[str, str] | None:
+    """(key, problem) if the constructed options would template too much, else None:
+    at most MAX_CONSTRUCT_EXPRESSIONS expressions, and expressions x hosts at most
+    MAX_CONSTRUCT_EVALUATIONS (checked before any is evaluated)."""
+    sizes = {
+        "compose": len(compose or {}),
+        "groups": len(groups or {}),
+        "keyed_groups": len(keyed_groups or []),
+    }
+    expressions = sum(sizes.values())
+    biggest = max(sizes, key=lambda key: sizes[key])
+    if expressions > MAX_CONSTRUCT_EXPRESSIONS:
+        return biggest, (
+            f"{expressions:,} compose/groups/keyed_groups expressions, "
+            f"more than {MAX_CONSTRUCT_EXPRESSIONS:,}"
+        )
+    if expressions * host_count > MAX_CONSTRUCT_EVALUATIONS:
+        return biggest, (
+            f"{expressions:,} expressions x {host_count:,} hosts = "
+            f"{expressions * host_count:,} template evaluations, "
+            f"more than {MAX_CONSTRUCT_EVALUATIONS:,}"
+        )
+    return None

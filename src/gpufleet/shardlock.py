@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from gpufleet import strictyaml
 from gpufleet.limits import MAX_SHARDS
 
 LOCK_VERSION = 1
@@ -34,8 +35,13 @@ HEADER = """\
 # with `gpufleet plan --diff`, commit it next to the node list, do not edit by hand.
 """
 
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+    """Quotes a host name that either YAML 1.1 or the strict loader would type (``010``,
+    ``1e3``), so the lock reads back as the names written."""
+
+
+strictyaml.add_resolvers(_Dumper)
 
 
 class LockError(ValueError):
@@ -71,16 +77,9 @@ def parse_lock(text: str, file: str) -> ShardLock:
     """Validate a lock file's text. A shard index may exceed the node list's shard count
     (shards were removed since): that is for the planner to handle, not an error."""
     try:
-        data = yaml.load(text, Loader=_Loader)  # a safe loader (libyaml's if present)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        problem = getattr(err, "problem", None) or (str(err).splitlines() or ["?"])[0]
-        where = f"line {mark.line + 1}" if mark else ""
-        raise LockError(where, f"invalid YAML: {problem}") from err
-    except RecursionError:
-        raise LockError("", "invalid YAML: nested too deeply") from None
-    except (ValueError, OverflowError, TypeError) as err:  # e.g. a timestamp like 2024-02-30
-        raise LockError("", f"invalid YAML: {str(err)[:200]}") from None
+        data = strictyaml.load(text)
+    except strictyaml.YamlProblem as err:
+        raise LockError(err.where, err.problem) from None
     if not isinstance(data, Mapping):
         raise LockError("", "must be a YAML mapping (a gpufleet shard lock)")
     for key in data:
@@ -106,9 +105,16 @@ def parse_lock(text: str, file: str) -> ShardLock:
     hosts = data["hosts"] if data["hosts"] is not None else {}
     if not isinstance(hosts, Mapping):
         raise LockError("hosts", "must be a mapping of host name -> shard")
+    seen: dict[str, str] = {}
     for host, shard in hosts.items():
         if not isinstance(host, str):
             raise LockError("hosts", f"host names must be strings, got {short(host)}")
+        other = seen.setdefault(host.lower().rstrip("."), host)
+        if other != host:
+            raise LockError(
+                f"hosts.{short(host, quote=False)}",
+                f"host {short(host)} and host {short(other)} differ only in case: one host",
+            )
         if not is_count(shard, 0) or shard >= shards:
             raise LockError(
                 f"hosts.{short(host, quote=False)}",

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,7 +28,10 @@ from gpufleet.limits import (
     read_file_text,
 )
 
-_GRES_GPU_RE = re.compile(r"^gpu(?::(?P<type>[^:()]+))?:(?P<count>[0-9]+)(?:\(.*\))?$", re.I)
+_GRES_GPU_RE = re.compile(r"^gpu(?::(?P<type>[^:()]+))?(?::(?P<count>[0-9]+))?(?:\(.*\))?$", re.I)
+# A slurm.conf token: runs of non-blanks and "double-quoted text" (which may hold blanks).
+# Slurm gives no meaning to an apostrophe: "it's" is a value like any other.
+_TOKEN_RE = re.compile(r'(?:"[^"]*"|[^\s"]|"(?=[^"]*$))+')
 _INCLUDE_RE = re.compile(r"^include\s+(?P<path>\S+)(?P<rest>.*)$", re.I | re.S)
 MAX_REAL_MEMORY_MB = 10**12
 
@@ -89,17 +91,14 @@ def logical_lines(text: str) -> list[tuple[int, str]]:
 
 
 def parse_pairs(line_number: int, line: str) -> dict[str, str]:
-    """``Key=Value Key2=Value2`` -> {lowercased key: value}."""
-    try:
-        tokens = shlex.split(line)
-    except ValueError as err:
-        raise SlurmConfError(line_number, f"cannot split line: {err}") from err
+    """``Key=Value Key2="a value"`` -> {lowercased key: value}, as Slurm splits a line:
+    blanks separate pairs, double quotes keep blanks in a value and are removed."""
     pairs: dict[str, str] = {}
-    for token in tokens:
+    for token in _TOKEN_RE.findall(line):
         key, sep, value = token.partition("=")
-        if not sep:
+        if not sep or not key:
             raise SlurmConfError(line_number, f"expected Key=Value, got {hostlist.shown(token)}")
-        pairs[key.lower()] = value
+        pairs[key.lower()] = value.replace('"', "") if value.count('"') % 2 == 0 else value
     return pairs
 
 
@@ -123,16 +122,20 @@ def parse_gres_gpu(line_number: int, gres: str) -> tuple[str | None, int]:
         raise SlurmConfError(line_number, f"Gres={hostlist.shown(gres)[1:-1]}: {err}") from err
     for item in items:
         item = item.strip()
-        if not item.lower().startswith("gpu"):
-            continue
+        if re.split(r"[:(]", item, maxsplit=1)[0].lower() != "gpu":
+            continue  # another GRES (gpumem, mps, shard, ...)
         match = _GRES_GPU_RE.match(item)
-        if not match or len(match.group("count")) > MAX_NUMBER_DIGITS:
+        if not match or len(match.group("count") or "") > MAX_NUMBER_DIGITS:
             raise SlurmConfError(line_number, f"Gres={gres}: cannot read {item!r} as gpu[:TYPE]:N")
-        item_type = match.group("type")
+        item_type, item_count = match.group("type"), match.group("count")
+        if item_count is None and item_type and item_type.isdigit():
+            item_type, item_count = None, item_type  # gpu:4
+        if item_type and len(item_type) > MAX_NUMBER_DIGITS and item_type.isdigit():
+            raise SlurmConfError(line_number, f"Gres={gres}: cannot read {item!r} as gpu[:TYPE]:N")
         if gpu_type and item_type and item_type != gpu_type:
             raise SlurmConfError(line_number, f"Gres={gres}: mixed GPU types are not supported")
         gpu_type = gpu_type or item_type
-        count += int(match.group("count"))
+        count += int(item_count or 1)  # Gres=gpu[:TYPE] is one GPU
     if count > MAX_GPUS:
         raise SlurmConfError(line_number, f"Gres={gres}: {count:,} GPUs, more than {MAX_GPUS:,}")
     return gpu_type, count
@@ -185,6 +188,7 @@ class _Reader:
         self.bytes_read = 0
         self.cluster_name = ""
         self.node_defaults: dict[str, str] = {}
+        self.partition_defaults: dict[str, str] = {}
         self.nodes: list[SlurmNodeLine] = []
         self.partition_lines: list[tuple[str, int, str, str]] = []
 
@@ -221,8 +225,13 @@ class _Reader:
                 return
             node = node_line(line_number, {**self.node_defaults, **pairs}, self.budget)
             self.nodes.append(SlurmNodeLine(**{**node.__dict__, "file": file}))
-        elif pairs["partitionname"].upper() != "DEFAULT" and "nodes" in pairs:
-            self.partition_lines.append((file, line_number, pairs["partitionname"], pairs["nodes"]))
+        elif pairs["partitionname"].upper() == "DEFAULT":
+            self.partition_defaults.update({k: v for k, v in pairs.items() if k != "partitionname"})
+        else:
+            pairs = {**self.partition_defaults, **pairs}  # as Slurm: DEFAULT lines above
+            if "nodes" in pairs:
+                name, nodes = pairs["partitionname"], pairs["nodes"]
+                self.partition_lines.append((file, line_number, name, nodes))
 
     def include(
         self, line_number: int, name: str, rest: str, file: str, chain: tuple[str, ...]
