@@ -5,19 +5,23 @@ the rule's `expr`) and nothing else: these tests diff the texts, check that ever
 file deploys as shipped with no setting, that a setting of every alert at once passes both
 promtool majors and changes when an alert fires, and that a name matching no alert, a bad
 duration or SlurmJobGpuIdle (prometheus_slurm_idle_gpu_duration) fail with one line naming
-the variable.
+the variable. The role's own tasks run once under ansible-playbook (the preflight check
+with its lookups, the install task's expression, the capacity template).
 """
 
 from __future__ import annotations
 
 import difflib
+import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import yaml
-from render_role import ROLES
+from render_role import ROLES, evaluate, render, template_value, trust_as_template
 from sid_deb import load_module
 from test_rules import promtool  # noqa: F401  (the two-major promtool fixture)
 
@@ -25,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RULES_DIR = ROLES / "prometheus" / "files" / "rules"
 RULE_FILES = sorted(RULES_DIR.glob("*.rules.yml"))
 FILTER = ROOT / "plugins" / "filter" / "gpufleet_alert_for.py"
+ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 
 
 def _filter() -> ModuleType:
@@ -319,3 +324,203 @@ def test_the_setting_changes_when_the_alert_fires(
         capture_output=True, text=True, check=False, cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# The role's own expressions, rendered by Ansible's Templar (render_role).
+INSTANCE_TASKS = yaml.safe_load((ROLES / "prometheus" / "tasks" / "instance.yml").read_text())
+INSTALL = next(t for t in INSTANCE_TASKS if t["name"].startswith("Install the rule files"))
+PREFLIGHT = yaml.safe_load((ROLES / "prometheus" / "tasks" / "preflight.yml").read_text())
+CHECK = next(t for t in PREFLIGHT if t["name"] == "Check the alert durations set per alert name")
+
+
+def test_the_role_installs_node_down_with_the_sites_duration() -> None:
+    path = RULES_DIR / "gpufleet-node.rules.yml"
+    text = path.read_text()
+    values = {"prometheus_alert_for": {"NodeDown": "30s"}, "_text": text, "item": path.name}
+    rendered = template_value(
+        "prometheus", INSTALL["ansible.builtin.copy"]["content"], "mon01", values
+    )
+    line = text.splitlines().index("        for: 3m")  # NodeDown's, the file's only 3m
+    assert _changes(text, rendered) == [("replace", line, line + 1, ["        for: 30s\n"])]
+    node_down = next(rule for rule in _alerts_of(rendered) if rule["alert"] == "NodeDown")
+    assert node_down["for"] == "30s"
+
+
+def test_the_role_installs_the_slurm_file_with_both_settings() -> None:
+    path = RULES_DIR / "gpufleet-slurm.rules.yml"
+    values = {
+        "prometheus_alert_for": {"SlurmNodeDown": "20s"},
+        "prometheus_slurm_idle_gpu_duration": "10m",
+        "_text": path.read_text(),
+        "item": path.name,
+    }
+    rendered = template_value(
+        "prometheus", INSTALL["ansible.builtin.copy"]["content"], "mon01", values
+    )
+    alerts = {rule["alert"]: rule for rule in _alerts_of(rendered)}
+    assert alerts["SlurmNodeDown"]["for"] == "20s"
+    assert alerts["SlurmJobGpuIdle"]["for"] == "10m"
+
+
+def test_the_capacity_alert_takes_the_setting_too() -> None:
+    shipped = render("prometheus", "capacity.rules.yml.j2", "mon01")
+    rendered = render(
+        "prometheus",
+        "capacity.rules.yml.j2",
+        "mon01",
+        {"prometheus_alert_for": {"PrometheusSeriesNearBudget": "5m"}},
+    )
+    assert [change[3] for change in _changes(shipped, rendered)] == [["        for: 5m\n"]]
+
+
+def test_the_preflight_check_names_the_problem() -> None:
+    texts = {path.name: path.read_text() for path in RULE_FILES}
+    values = {
+        **{name: trust_as_template(value) for name, value in CHECK["vars"].items()},
+        "__prometheus_rule_texts": texts,
+        "prometheus_alert_for": {"NodeDwn": "30s"},
+    }
+    assert evaluate("prometheus", CHECK["when"], "mon01", values) is True
+    message = template_value(
+        "prometheus", CHECK["ansible.builtin.assert"]["fail_msg"], "mon01", values
+    )
+    assert message == (
+        "prometheus_alert_for: NodeDwn is no alert of gpufleet's rule files "
+        "(did you mean NodeDown?)"
+    )
+    values["prometheus_alert_for"] = {}
+    assert evaluate("prometheus", CHECK["when"], "mon01", values) is False
+
+
+# The role under ansible-playbook: the preflight check with its lookups of every file,
+# the install task's own expression with promtool as its validate, the capacity template.
+PLAYBOOK = """
+- name: Check and render the rule files as the prometheus role does
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Run the role's preflight
+      ansible.builtin.import_role:
+        name: prometheus
+        tasks_from: preflight.yml
+
+    - {install}
+
+    - name: Render the capacity rules
+      ansible.builtin.template:
+        src: {templates}/capacity.rules.yml.j2
+        dest: "{out}/{{{{ inventory_hostname }}}}/gpufleet-capacity.rules.yml"
+        mode: "0644"
+"""
+HOSTS = {
+    "shipped": {},
+    "tuned": {
+        "prometheus_alert_for": {
+            "NodeDown": "30s",
+            "GpuXidCritical": "1m",
+            "PrometheusShardDown": "45s",
+            "PrometheusSeriesNearBudget": "2m",
+        }
+    },
+    "typo": {"prometheus_alert_for": {"NodeDwn": "30s"}},
+    "bad_duration": {"prometheus_alert_for": {"NodeDown": "5 minutes"}},
+    "dedicated": {"prometheus_alert_for": {"SlurmJobGpuIdle": "5m"}},
+}
+
+
+@pytest.fixture(scope="module")
+def played(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    tmp = tmp_path_factory.mktemp("alert_for")
+    out = tmp / "out"
+    for host in HOSTS:
+        (out / host).mkdir(parents=True)
+    # The install task's lookup reads rules/<file> from the playbook's files/.
+    (tmp / "files").symlink_to(ROLES / "prometheus" / "files")
+    install = {
+        "name": INSTALL["name"].replace(" of {{ _instance.name }}", ""),
+        "ansible.builtin.copy": {
+            **INSTALL["ansible.builtin.copy"],
+            "dest": f"{out}/{{{{ inventory_hostname }}}}/{{{{ item }}}}",
+            "mode": "0644",
+            "validate": "/usr/bin/promtool check rules %s",
+        },
+        "loop": "{{ _prometheus_rule_files.values() | flatten | unique | list }}",
+        "vars": INSTALL["vars"],
+    }
+    for key in ("owner", "group"):
+        install["ansible.builtin.copy"].pop(key)
+    (tmp / "play.yml").write_text(
+        PLAYBOOK.format(
+            install=json.dumps(install), templates=ROLES / "prometheus" / "templates", out=out
+        )
+    )
+    inventory = {
+        "all": {
+            "vars": {
+                "ansible_connection": "local",
+                "ansible_python_interpreter": sys.executable,
+                "prometheus_instances": [{"name": "standalone", "mode": "standalone"}],
+            },
+            "hosts": HOSTS,
+        }
+    }
+    (tmp / "inventory.yml").write_text(yaml.safe_dump(inventory))
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+        ANSIBLE_CACHE_PLUGIN="memory",
+        ANSIBLE_CALLBACK_RESULT_FORMAT="json",
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_LOCAL_TEMP=str(tmp / "ansible-tmp"),
+        ANSIBLE_HOME=str(tmp / "ansible-home"),
+    )
+    run = subprocess.run(
+        [str(ANSIBLE_PLAYBOOK), "-i", "inventory.yml", "play.yml"],
+        cwd=tmp, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    return out, run.stdout + run.stderr
+
+
+def _failure(output: str, host: str) -> str:
+    """The msg of host's failed task (the JSON result on its `fatal:` line)."""
+    prefix = f"fatal: [{host}]: FAILED! => "
+    line = next(line for line in output.splitlines() if line.startswith(prefix))
+    return json.loads(line[len(prefix) :])["msg"]
+
+
+@pytest.mark.parametrize(
+    "host,words",
+    [
+        ("typo", ["NodeDwn", "did you mean NodeDown?"]),
+        ("bad_duration", ["NodeDown", "'5 minutes' is not a Prometheus duration"]),
+        ("dedicated", ["SlurmJobGpuIdle", "prometheus_slurm_idle_gpu_duration"]),
+    ],
+)
+def test_the_play_fails_with_one_line(played: tuple[Path, str], host: str, words: list) -> None:
+    out, output = played
+    message = _failure(output, host)
+    _one_line([message], *words)
+    assert not any((out / host).iterdir()), "nothing is installed"
+
+
+def test_the_play_installs_the_files_as_shipped_without_a_setting(
+    played: tuple[Path, str],
+) -> None:
+    out, output = played
+    assert "fatal: [shipped]" not in output, output[-6000:]
+    for path in RULE_FILES:
+        assert (out / "shipped" / path.name).read_text() == path.read_text()
+    shipped = render("prometheus", "capacity.rules.yml.j2", "shipped")
+    assert (out / "shipped" / "gpufleet-capacity.rules.yml").read_text() == shipped
+
+
+def test_the_play_installs_the_sites_durations(played: tuple[Path, str]) -> None:
+    out, output = played
+    assert "fatal: [tuned]" not in output, output[-6000:]
+    wanted = HOSTS["tuned"]["prometheus_alert_for"]
+    seen = {}
+    for path in (out / "tuned").iterdir():
+        for rule in _alerts_of(path.read_text()):
+            if rule["alert"] in wanted:
+                seen[rule["alert"]] = rule.get("for")
+    assert seen == wanted
