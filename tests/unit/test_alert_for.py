@@ -21,6 +21,7 @@ from types import ModuleType
 
 import pytest
 import yaml
+from ansible.utils.unsafe_proxy import wrap_var
 from render_role import ROLES, evaluate, render, template_value, trust_as_template
 from sid_deb import load_module
 from test_rules import promtool  # noqa: F401  (the two-major promtool fixture)
@@ -326,7 +327,8 @@ def test_the_setting_changes_when_the_alert_fires(
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-# The role's own expressions, rendered by Ansible's Templar (render_role).
+# The role's own expressions, rendered by Ansible's Templar (render_role). The rule texts
+# are what the role's lookups return: data, never a template (wrap_var, for 2.18).
 INSTANCE_TASKS = yaml.safe_load((ROLES / "prometheus" / "tasks" / "instance.yml").read_text())
 INSTALL = next(t for t in INSTANCE_TASKS if t["name"].startswith("Install the rule files"))
 PREFLIGHT = yaml.safe_load((ROLES / "prometheus" / "tasks" / "preflight.yml").read_text())
@@ -336,7 +338,11 @@ CHECK = next(t for t in PREFLIGHT if t["name"] == "Check the alert durations set
 def test_the_role_installs_node_down_with_the_sites_duration() -> None:
     path = RULES_DIR / "gpufleet-node.rules.yml"
     text = path.read_text()
-    values = {"prometheus_alert_for": {"NodeDown": "30s"}, "_text": text, "item": path.name}
+    values = {
+        "prometheus_alert_for": {"NodeDown": "30s"},
+        "_text": wrap_var(text),
+        "item": path.name,
+    }
     rendered = template_value(
         "prometheus", INSTALL["ansible.builtin.copy"]["content"], "mon01", values
     )
@@ -351,7 +357,7 @@ def test_the_role_installs_the_slurm_file_with_both_settings() -> None:
     values = {
         "prometheus_alert_for": {"SlurmNodeDown": "20s"},
         "prometheus_slurm_idle_gpu_duration": "10m",
-        "_text": path.read_text(),
+        "_text": wrap_var(path.read_text()),
         "item": path.name,
     }
     rendered = template_value(
@@ -374,7 +380,7 @@ def test_the_capacity_alert_takes_the_setting_too() -> None:
 
 
 def test_the_preflight_check_names_the_problem() -> None:
-    texts = {path.name: path.read_text() for path in RULE_FILES}
+    texts = {path.name: wrap_var(path.read_text()) for path in RULE_FILES}
     values = {
         **{name: trust_as_template(value) for name, value in CHECK["vars"].items()},
         "__prometheus_rule_texts": texts,
