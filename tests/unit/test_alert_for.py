@@ -479,6 +479,8 @@ def played(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         ANSIBLE_NOCOLOR="1",
         ANSIBLE_LOCAL_TEMP=str(tmp / "ansible-tmp"),
         ANSIBLE_HOME=str(tmp / "ansible-home"),
+        # Ansible requires a UTF-8 locale (tests/unit/gpu sets LC_ALL=C for its own runs).
+        LC_ALL="C.UTF-8",
     )
     run = subprocess.run(
         [str(ANSIBLE_PLAYBOOK), "-i", "inventory.yml", "play.yml"],
