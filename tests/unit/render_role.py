@@ -8,6 +8,8 @@ and Loki on mon03), and Ansible's own Templar renders with its own filters.
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import re
 import subprocess
@@ -51,12 +53,20 @@ def example_inventory() -> tuple[dict[str, list[str]], dict[str, dict]]:
 
 def role_variables(role: str) -> dict:
     """The role's defaults and vars over those of its meta dependencies (as Ansible)."""
+    return copy.deepcopy(_role_variables(role))
+
+
+@functools.cache
+def _role_variables(role: str) -> dict:
+    """role_variables, loaded once per process: the role files do not change during a run,
+    and loading them (YAML, trusted as templates) cost most of every render. Shared:
+    callers take a copy (templar() merges it into a new dict) and never change it."""
     loader = DataLoader()
     out = {}
     meta = loader.load_from_file(str(ROLES / role / "meta" / "main.yml")) or {}
     for dependency in meta.get("dependencies") or []:
         name = dependency["role"] if isinstance(dependency, dict) else dependency
-        out.update(role_variables(name))
+        out.update(_role_variables(name))
     for part in ("defaults", "vars"):
         path = ROLES / role / part / "main.yml"
         if path.exists():
@@ -67,7 +77,7 @@ def role_variables(role: str) -> dict:
 def templar(role: str, host: str, overrides: dict | None = None, inventory=None) -> Templar:
     groups, hostvars = inventory or example_inventory()
     variables = {
-        **role_variables(role),
+        **_role_variables(role),
         **hostvars.get(host, {}),
         "groups": groups,
         "hostvars": hostvars,
