@@ -63,6 +63,7 @@ FLOOR_UNIT_TESTS = [
     "tests/unit/test_prometheus_config.py",
     "tests/unit/test_argument_specs.py",
     "tests/unit/test_tag_limited_handlers.py",
+    "tests/unit/test_alert_for.py",
 ]
 PHASE = re.compile(r"\[\S+ > (\w+)\] Executing$")
 DURATION = re.compile(r"^\s*([0-9.]+)s (setup|call|teardown)\s+(\S+)")
