@@ -9,6 +9,7 @@ daemon to be ready.
 from __future__ import annotations
 
 import fcntl
+import functools
 import importlib.util
 import shutil
 import subprocess
@@ -40,8 +41,13 @@ def _debian_suite() -> ModuleType:
     return load_module("gpufleet_debian_suite", DEBIAN_SUITE)
 
 
+@functools.cache
 def unpacked(package: str, cache: Path, suite: str = "sid") -> Path:
-    """The root of ``package``'s unpacked .deb; older versions under ``cache`` are removed."""
+    """The root of ``package``'s unpacked .deb; older versions under ``cache`` are removed.
+
+    Asked once per process: each ask runs apt-cache on the suite's index (about a second
+    of CPU), and several modules and session fixtures (each promtool- or amtool-using
+    module, both jobstats fixtures) want the same binary. A failure is not cached."""
     cache.parent.mkdir(parents=True, exist_ok=True)
     # pytest-xdist workers share the cache: one of them downloads and unpacks, the rest wait.
     with open(cache.parent / f".{cache.name}.lock", "w") as lock:
