@@ -13,6 +13,7 @@ import json
 import socket
 import socketserver
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -28,6 +29,8 @@ from sid_deb import wait_ready
 
 AMTOOL_025 = Path("/usr/bin/amtool")
 AMTOOL_CACHE = ROOT / ".cache" / "amtool"
+# This Python's, as the other role tests run it: not whichever is first on PATH.
+ANSIBLE_PLAYBOOK = str(Path(sys.executable).with_name("ansible-playbook"))
 SETTINGS = {
     "alertmanager_receivers": [
         {"name": "admins", "webhook_configs": [{"url": "http://127.0.0.1:9/admins"}]}
@@ -193,7 +196,7 @@ def test_the_owner_settings_are_checked_before_the_config_is_written(
         "- {name: Alertmanager, hosts: all, gather_facts: false, roles: [alertmanager]}\n"
     )
     result = subprocess.run(
-        ["ansible-playbook", "-i", "localhost,", str(play), "--list-tasks", "--tags", tag],
+        [ANSIBLE_PLAYBOOK, "-i", "localhost,", str(play), "--list-tasks", "--tags", tag],
         capture_output=True, text=True, check=False, cwd=ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
