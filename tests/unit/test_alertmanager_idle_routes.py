@@ -10,9 +10,9 @@ Alertmanager binary of the same package delivers to an SMTP and a webhook sink.
 from __future__ import annotations
 
 import json
-import socket
 import socketserver
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -24,10 +24,12 @@ import pytest
 import sid_deb
 import yaml
 from render_role import ROOT, evaluate, render
-from sid_deb import wait_ready
+from sid_deb import listening_port, wait_ready
 
 AMTOOL_025 = Path("/usr/bin/amtool")
 AMTOOL_CACHE = ROOT / ".cache" / "amtool"
+# This Python's, as the other role tests run it: not whichever is first on PATH.
+ANSIBLE_PLAYBOOK = str(Path(sys.executable).with_name("ansible-playbook"))
 SETTINGS = {
     "alertmanager_receivers": [
         {"name": "admins", "webhook_configs": [{"url": "http://127.0.0.1:9/admins"}]}
@@ -193,7 +195,7 @@ def test_the_owner_settings_are_checked_before_the_config_is_written(
         "- {name: Alertmanager, hosts: all, gather_facts: false, roles: [alertmanager]}\n"
     )
     result = subprocess.run(
-        ["ansible-playbook", "-i", "localhost,", str(play), "--list-tasks", "--tags", tag],
+        [ANSIBLE_PLAYBOOK, "-i", "localhost,", str(play), "--list-tasks", "--tags", tag],
         capture_output=True, text=True, check=False, cwd=ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
@@ -260,12 +262,6 @@ class _Hook(BaseHTTPRequestHandler):
         pass
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _idle(job: str, user: str, account: str, node: str) -> dict:
     labels = IDLE | {"job_id": job, "user": user, "account": account, "partition": "gpu"}
     return {"labels": labels | {"node": node}, "annotations": {"summary": f"job {job}"}}
@@ -282,7 +278,6 @@ def test_owner_mail_and_one_digest_are_delivered(amtool: Path, tmp_path: Path) -
     hook = HTTPServer(("127.0.0.1", 0), _Hook)
     for server in (smtp, hook):
         threading.Thread(target=server.serve_forever, daemon=True).start()
-    port = _free_port()
     settings = SETTINGS | {
         "alertmanager_receivers": [
             {
@@ -300,11 +295,11 @@ def test_owner_mail_and_one_digest_are_delivered(amtool: Path, tmp_path: Path) -
     config = tmp_path / "alertmanager.yml"
     config.write_text(render("alertmanager", "alertmanager.yml.j2", "mon01", settings))
     command = [str(binary), f"--config.file={config}", f"--storage.path={tmp_path / 'data'}",
-               f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="]  # fmt: skip
+               "--web.listen-address=127.0.0.1:0", "--cluster.listen-address="]  # fmt: skip
     log = (tmp_path / "alertmanager.log").open("w+", encoding="utf-8")
     with log, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT) as server:
         try:
-            url = f"http://127.0.0.1:{port}"
+            url = f"http://127.0.0.1:{listening_port(server, log, seconds=30)}"
             wait_ready(url, server, log, seconds=30)
             alerts = [_idle("7", "carol", "chem", "gpu001"), _idle("7", "carol", "chem", "gpu002"),
                       _idle("11", "carol", "chem", "gpu006"),

@@ -33,6 +33,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "filter"))
 
 from gpufleet_openpgp import OpenPGPError, normalize_fingerprint
+from once_per_run import once_per_run
 from render_role import evaluate, systemd_verify_problems, template_value
 from test_openpgp import gpg, gpg_fingerprints
 
@@ -334,9 +335,8 @@ def recap(output: str) -> dict[str, dict[str, int]]:
     return result
 
 
-@pytest.fixture(scope="module")
-def rendered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict]:
-    tmp = tmp_path_factory.mktemp("dcgm_render")
+def render_scenarios(tmp: Path) -> dict:
+    """One ansible-playbook run rendering every scenario, one host each (under tmp/out)."""
     hosts = dict(SCENARIOS)
     hosts.update({name: overrides for name, (overrides, _) in REFUSED.items()})
     inventory = write_inventory(tmp / "inventory.yml", hosts)
@@ -345,7 +345,14 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict]
     out = tmp / "out"
     extra_vars = ["-e", f"out={out}", "-e", f"templates={ROLE / 'templates'}"]
     _, output = ansible_playbook(tmp, "-i", str(inventory), str(playbook), *extra_vars)
-    return out, output, recap(output)
+    return {"out": str(out), "output": output}
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict]:
+    # About a minute of CPU: made once per test run, also when xdist splits this module.
+    made = once_per_run(tmp_path_factory, "dcgm_render", render_scenarios)
+    return Path(made["out"]), made["output"], recap(made["output"])
 
 
 def scenario(rendered: tuple[Path, str, dict], name: str) -> Path:

@@ -50,6 +50,8 @@ def run_collector(tmp_path, fake_smi):
 
 @pytest.fixture(autouse=True)
 def _restore_locale(monkeypatch: pytest.MonkeyPatch) -> None:
-    """main() sets LC_ALL=C for its vendor tools, in this process when a test calls it:
-    undone after each test, so later tests' Ansible keeps its UTF-8 locale."""
+    """The collector tests run with LC_ALL=C unless it is set; main() sets LC_ALL=C for its
+    vendor tools, in this process when a test calls it. Undone after each test, so later
+    tests' Ansible keeps its UTF-8 locale (gpu_helpers set LC_ALL=C for the whole process
+    when imported, which failed every later Ansible run unless LC_ALL was exported)."""
     monkeypatch.setenv("LC_ALL", os.environ.get("LC_ALL", "C"))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import os
 import shutil
 import subprocess
 import sys
@@ -167,6 +166,3 @@ def values_of(text: str, name: str, **labels: str) -> list[float]:
 
 def names_of(text: str) -> set[str]:
     return {n for (n, _), _ in parse_prom(text).items()}
-
-
-os.environ.setdefault("LC_ALL", "C")

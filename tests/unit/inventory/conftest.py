@@ -6,7 +6,15 @@ from pathlib import Path
 
 import pytest
 from ansible.plugins.loader import init_plugin_loader, inventory_loader
-from inventory_helpers import REPO_ROOT, minimal_node_list, write_node_list
+from inventory_helpers import REPO_ROOT, close_warm_servers, minimal_node_list, write_node_list
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_ansible_inventory_ends_with_the_session():
+    """run_ansible_inventory's servers end with the tests (their runs' CPU time is then
+    counted as this process's children's, like that of the processes they replace)."""
+    yield
+    close_warm_servers()
 
 
 @pytest.fixture()

@@ -3,10 +3,15 @@ so that other test directories can have their own conftest.py)."""
 
 from __future__ import annotations
 
+import atexit
+import json
+import locale
 import os
 import random
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +42,159 @@ def ansible_env() -> dict[str, str]:
 
 
 def run_ansible_inventory(*args: str) -> subprocess.CompletedProcess[str]:
+    """``ansible-inventory ARGS`` from the repository: its exit status and its output."""
+    env = ansible_env()
+    # pytest names the running test in the environment: a server serves every test.
+    key = tuple(sorted((k, v) for k, v in env.items() if k != "PYTEST_CURRENT_TEST"))
+    if key not in _WARM:
+        _WARM[key] = _WarmAnsibleInventory(env)
+    return _WARM[key].run(list(args), env)
+
+
+def run_ansible_inventory_process(
+    args: list[str], env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``ansible-inventory ARGS`` as a process of its own (what run_ansible_inventory
+    answers as, and does when the import cannot be shared)."""
     return subprocess.run(
         [str(ANSIBLE_INVENTORY), *args],
         cwd=REPO_ROOT,
-        env=ansible_env(),
+        env=env or ansible_env(),
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
+
+
+# The ansible-inventory console script is `sys.exit(main())` after `from ansible.cli.inventory
+# import main`. That import is about 0.45 s of the 0.65 s of CPU of a run, and the tests make
+# some sixty runs. So one process per environment makes the import once (same environment,
+# same working directory, same argv[0]) and forks a child per run, which runs the script's
+# line with the run's arguments, its stdout and stderr in files and its exit status a
+# process's, in the run's own environment: the same code on the same inputs. (A server
+# serves the runs whose environment differs from its own in PYTEST_CURRENT_TEST alone,
+# which nothing reads at import.) Each child starts from the imported state
+# (no plugin loaded, no inventory parsed, nothing shown yet) and leaves with os._exit, so
+# the import's atexit cleanup (its local temporary directory) runs once, in the server.
+# An import that prints anything, or fails, would have shown that in every run: then the
+# server answers so and each run is a process of its own, as without it.
+_WARM_SERVER = r"""
+import json, os, signal, sys, tempfile, traceback
+script = sys.argv[1]
+sys.path[0] = os.path.dirname(script)  # as for the script, not -c
+replies = os.fdopen(os.dup(1), "w")
+shown = tempfile.TemporaryFile()
+for fd in (1, 2):
+    os.dup2(shown.fileno(), fd)
+sys.argv[:] = [script]
+try:
+    from ansible.cli.inventory import main
+except BaseException:
+    traceback.print_exc()
+sys.stdout.flush()
+sys.stderr.flush()
+shown.seek(0)
+said = shown.read().decode(errors="replace")
+replies.write(json.dumps({"warm": not said, "why": said[-2000:]}) + "\n")
+replies.flush()
+if said:
+    sys.exit(0)
+null = os.open(os.devnull, os.O_RDONLY)
+for line in sys.stdin:
+    request = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+                os.dup2(os.open(path, os.O_WRONLY | os.O_TRUNC), fd)
+            os.dup2(null, 0)
+            os.environ.clear()
+            os.environ.update(request["env"])
+            signal.alarm(request["timeout"])
+            sys.argv[:] = [script, *request["args"]]
+            try:
+                sys.exit(main())
+            except SystemExit as end:  # as the interpreter ends a script
+                if end.code is None or isinstance(end.code, int):
+                    code = end.code or 0
+                else:
+                    print(end.code, file=sys.stderr)
+            except BaseException:
+                traceback.print_exc()
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    replies.write(json.dumps(os.waitstatus_to_exitcode(status)) + "\n")
+    replies.flush()
+"""
+
+_WARM: dict[tuple, _WarmAnsibleInventory] = {}
+
+
+class _WarmAnsibleInventory:
+    TIMEOUT = 300  # seconds, as subprocess.run's timeout was
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.server = subprocess.Popen(
+            [sys.executable, "-c", _WARM_SERVER, str(ANSIBLE_INVENTORY)],
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        atexit.register(self.close)
+        assert self.server.stdout is not None
+        hello = json.loads(self.server.stdout.readline() or '{"warm": false, "why": "ended"}')
+        self.warm = hello["warm"]
+        if not self.warm:
+            self.close()
+
+    def close(self) -> None:
+        if self.server.poll() is None:
+            assert self.server.stdin is not None
+            self.server.stdin.close()
+            self.server.wait(timeout=60)
+
+    def run(self, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        if not self.warm:
+            return run_ansible_inventory_process(args, env)
+        command = [str(ANSIBLE_INVENTORY), *args]
+        with tempfile.TemporaryDirectory(prefix="gpufleet-ansible-inventory-") as tmp:
+            out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+            out.touch()
+            err.touch()
+            request = {"args": args, "env": env, "stdout": str(out), "stderr": str(err)}
+            request["timeout"] = self.TIMEOUT
+            assert self.server.stdin is not None and self.server.stdout is not None
+            self.server.stdin.write(json.dumps(request) + "\n")
+            self.server.stdin.flush()
+            reply = self.server.stdout.readline()
+            if not reply:
+                raise RuntimeError(f"the ansible-inventory server ended: {self.server.wait()}")
+            code = json.loads(reply)
+            stdout, stderr = _as_text(out.read_bytes()), _as_text(err.read_bytes())
+        if code == -signal.SIGALRM:
+            raise subprocess.TimeoutExpired(command, self.TIMEOUT, stdout, stderr)
+        return subprocess.CompletedProcess(command, code, stdout, stderr)
+
+
+def close_warm_servers() -> None:
+    while _WARM:
+        _WARM.popitem()[1].close()
+
+
+def _as_text(data: bytes) -> str:
+    """As subprocess.run(text=True) decodes a pipe: the locale's encoding, newlines."""
+    text = data.decode(locale.getpreferredencoding(False))
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def assert_one_error(stderr: str, source: str, message: str) -> None:

@@ -13,7 +13,12 @@ from pathlib import Path
 
 import pytest
 from inventory_bad_inputs import BAD_CASES, BadCase, expected_error, write_case
-from inventory_helpers import REPO_ROOT, assert_one_error, run_ansible_inventory
+from inventory_helpers import (
+    REPO_ROOT,
+    assert_one_error,
+    run_ansible_inventory,
+    run_ansible_inventory_process,
+)
 
 from gpufleet.inventory_json import plain
 
@@ -67,3 +72,17 @@ def test_ansible_inventory_fails_with_the_one_line_error(case: BadCase, tmp_path
     assert_one_error(result.stderr, str(path), expected)
     assert "Traceback" not in result.stderr + result.stdout
     assert result.stdout.strip() == ""
+
+
+def test_the_shared_import_answers_as_the_command_does(tmp_path: Path) -> None:
+    """run_ansible_inventory forks an ansible-inventory that has made its import
+    (inventory_helpers.py says why); the command run as a process of its own gives the
+    same exit status, output and errors."""
+    path = write_case(BAD_CASES[0], tmp_path)
+    for args in (["-i", EXAMPLE, "--list"], ["-i", str(path), "--list"], ["--version"]):
+        shared, own = run_ansible_inventory(*args), run_ansible_inventory_process(list(args))
+        assert (shared.returncode, shared.stdout, shared.stderr) == (
+            own.returncode,
+            own.stdout,
+            own.stderr,
+        ), args

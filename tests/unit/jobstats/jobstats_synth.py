@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from sid_deb import wait_ready
+from sid_deb import listening_port, wait_ready
 
 # one series: its label text ({a="b",...}) and its value at a time, or None (no sample)
 Series = tuple[str, Callable[[int], float | None]]
@@ -120,7 +120,6 @@ def prometheus(
     binary: Path, tsdb: Path, retention: str = "30d", host: str = "127.0.0.1"
 ) -> Iterator[str]:
     """A Prometheus on loopback (``host``: any of 127.0.0.0/8) serving ``tsdb``; its URL."""
-    port = free_port()
     with tempfile.TemporaryDirectory(prefix="jobstats-prom.") as scratch:
         config = Path(scratch) / "prometheus.yml"
         config.write_text("global: {scrape_interval: 1m}\n", encoding="utf-8")
@@ -131,15 +130,15 @@ def prometheus(
                 f"--config.file={config}",
                 f"--storage.tsdb.path={tsdb}",
                 f"--storage.tsdb.retention.time={retention}",
-                f"--web.listen-address={host}:{port}",
+                f"--web.listen-address={host}:0",  # the kernel picks a free port
                 "--query.max-samples=500000000",
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "GOMAXPROCS": os.environ.get("GOMAXPROCS", "2")},
         )
-        url = f"http://{host}:{port}"
         try:
+            url = f"http://{host}:{listening_port(process, log, seconds=120)}"
             wait_ready(url, process, log, seconds=120)
             yield url
         finally:

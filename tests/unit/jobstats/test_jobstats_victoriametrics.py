@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jobstats_synth import Job, free_port
+from jobstats_synth import Job
+from sid_deb import listening_port
 
 from gpufleet.cli import main
 
@@ -56,13 +57,12 @@ def wait_ready(url: str, process: subprocess.Popen[bytes], seconds: float = 30) 
 def victoria(scenario: tuple[Path, Job, Job]) -> Iterator[str]:
     """The URL of a VictoriaMetrics holding the scenario."""
     assert BINARY
-    port = free_port()
     with tempfile.TemporaryDirectory(prefix="jobstats-vm.") as data:
         process = subprocess.Popen(
             [
                 BINARY,
                 f"-storageDataPath={data}",
-                f"-httpListenAddr=127.0.0.1:{port}",
+                "-httpListenAddr=127.0.0.1:0",  # the kernel picks a free port
                 "-retentionPeriod=30d",
                 "-search.disableCache",
                 # By default it hides the last 30 s from queries at "now" (docs/jobstats.md):
@@ -73,8 +73,8 @@ def victoria(scenario: tuple[Path, Job, Job]) -> Iterator[str]:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        url = f"http://127.0.0.1:{port}"
         try:
+            url = f"http://127.0.0.1:{listening_port(process, None, seconds=30)}"
             wait_ready(url, process)
             request = urllib.request.Request(
                 f"{url}/api/v1/import/prometheus", data=prometheus_text(scenario[0])

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from gpufleet_node.commands import ERRORS, CommandResult, run_command
 
@@ -60,8 +61,26 @@ def test_an_exception_in_the_caller_kills_the_command(tmp_path):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-    time.sleep(2.5)
+    # Until the command is gone: at once if it was killed, after its `touch` (2 s) if it
+    # was left running. (This was a 2.5 s sleep in every run.)
+    gone_by = time.monotonic() + 30
+    while running_with(str(marker)) and time.monotonic() < gone_by:
+        time.sleep(0.05)
+    assert not running_with(str(marker))
     assert not marker.exists()
+
+
+def running_with(text: str) -> list[int]:
+    """The processes whose command line holds ``text`` (a zombie's is empty)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if text.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
 
 
 def test_timeout_kills_the_whole_process_group(tmp_path):

@@ -94,13 +94,13 @@ def test_hostlist_bomb_in_a_pending_job_name_costs_nothing():
     bomb = "JobName=Nodes=a[0-99999]b[0-99999] CPU_IDs=0 Mem=0 GRES=gpu:8(IDX:0-99999)"
     text = replace_in("8", "JobName=big", bomb)
     tracemalloc.start()
-    start = time.monotonic()
+    start = time.thread_time()  # CPU time: a loaded machine cannot fail the bound
     try:
         jobs, bad = exp.parse_scontrol_jobs(text)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert time.monotonic() - start < 1.0
+    assert time.thread_time() - start < 1.0
     assert peak < 5 * 1024 * 1024  # was > 4 GB
     assert bad == 0 and view(jobs) == CLEAN
 
