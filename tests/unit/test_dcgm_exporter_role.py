@@ -289,7 +289,11 @@ def ansible_env(tmp: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_CACHE_PLUGIN="memory",
+        # Facts cached under tmp, as ansible.cfg caches them (jsonfile, gathering=smart): a
+        # test's later runs on the same hosts reuse its first run's facts, as a rerun does,
+        # and no facts cached elsewhere (a test bed's) come in.
+        ANSIBLE_CACHE_PLUGIN="jsonfile",
+        ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp / "facts"),
         ANSIBLE_NOCOLOR="1",
         ANSIBLE_FORCE_COLOR="0",
         ANSIBLE_LOCAL_TEMP=str(tmp / "ansible-tmp"),
