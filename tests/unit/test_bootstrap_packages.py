@@ -372,6 +372,7 @@ def dpkg_query(*args: str) -> str:
     return subprocess.run(["dpkg-query", *args], capture_output=True, text=True, check=False).stdout
 
 
+@functools.cache  # asked for the same few packages a few hundred times per run
 def installed(package: str) -> bool:
     return dpkg_query("-W", "-f=${db:Status-Status}", package) == "installed"
 

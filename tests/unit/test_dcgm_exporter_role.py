@@ -33,7 +33,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "filter"))
 
 from gpufleet_openpgp import OpenPGPError, normalize_fingerprint
-from once_per_run import once_per_run
+from once_per_run import once_per_run, start_early
 from render_role import evaluate, systemd_verify_problems, template_value
 from test_openpgp import gpg, gpg_fingerprints
 
@@ -289,7 +289,11 @@ def ansible_env(tmp: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_CACHE_PLUGIN="memory",
+        # Facts cached under tmp, as ansible.cfg caches them (jsonfile, gathering=smart): a
+        # test's later runs on the same hosts reuse its first run's facts, as a rerun does,
+        # and no facts cached elsewhere (a test bed's) come in.
+        ANSIBLE_CACHE_PLUGIN="jsonfile",
+        ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp / "facts"),
         ANSIBLE_NOCOLOR="1",
         ANSIBLE_FORCE_COLOR="0",
         ANSIBLE_LOCAL_TEMP=str(tmp / "ansible-tmp"),
@@ -335,23 +339,48 @@ def recap(output: str) -> dict[str, dict[str, int]]:
     return result
 
 
-def render_scenarios(tmp: Path) -> dict:
-    """One ansible-playbook run rendering every scenario, one host each (under tmp/out)."""
+def render_arguments(tmp: Path) -> list[str]:
+    """ansible-playbook's arguments for one run rendering every scenario, one host each,
+    into tmp/out (inventory and playbook written under tmp)."""
     hosts = dict(SCENARIOS)
     hosts.update({name: overrides for name, (overrides, _) in REFUSED.items()})
     inventory = write_inventory(tmp / "inventory.yml", hosts)
     playbook = tmp / "render.yml"
     playbook.write_text(RENDER_PLAYBOOK)
-    out = tmp / "out"
-    extra_vars = ["-e", f"out={out}", "-e", f"templates={ROLE / 'templates'}"]
-    _, output = ansible_playbook(tmp, "-i", str(inventory), str(playbook), *extra_vars)
-    return {"out": str(out), "output": output}
+    extra_vars = ["-e", f"out={tmp / 'out'}", "-e", f"templates={ROLE / 'templates'}"]
+    return ["-i", str(inventory), str(playbook), *extra_vars]
+
+
+def render_scenarios(tmp: Path) -> dict:
+    _, output = ansible_playbook(tmp, *render_arguments(tmp))
+    return {"out": str(tmp / "out"), "output": output}
+
+
+def start_render(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The same run, started with the session (tests/conftest.py), beside other tests."""
+
+    def command(tmp: Path) -> tuple[list[str], dict[str, str], Path]:
+        # timeout: as ansible_playbook's (600 s), which ends the run with status 124.
+        argv = ["timeout", "600", str(ANSIBLE_PLAYBOOK), *render_arguments(tmp)]
+        return argv, ansible_env(tmp), REPO
+
+    start_early(tmp_path_factory, "dcgm_render", command)
+
+
+def rendered_early(tmp: Path, status: int, stdout: str, stderr: str) -> dict:
+    if status == 124:
+        raise subprocess.TimeoutExpired("ansible-playbook", 600, stdout, stderr)
+    return {"out": str(tmp / "out"), "output": stdout + stderr}
+
+
+START_EARLY = {"rendered": start_render}
 
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict]:
-    # About a minute of CPU: made once per test run, also when xdist splits this module.
-    made = once_per_run(tmp_path_factory, "dcgm_render", render_scenarios)
+    # About a minute of CPU: made once per test run, also when xdist splits this module,
+    # and started with the session when a selected test needs it (START_EARLY).
+    made = once_per_run(tmp_path_factory, "dcgm_render", render_scenarios, rendered_early)
     return Path(made["out"]), made["output"], recap(made["output"])
 
 

@@ -386,7 +386,11 @@ def play(tmp: Path, release: dict, *args: str) -> tuple[int, str]:
     env = {
         **os.environ,
         "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_CACHE_PLUGIN": "memory",
+        # Facts cached under tmp, as ansible.cfg caches them (jsonfile, gathering=smart): a
+        # test's later runs reuse its first run's facts, as a rerun does, and no facts
+        # cached elsewhere (a test bed's) come in.
+        "ANSIBLE_CACHE_PLUGIN": "jsonfile",
+        "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(tmp / "facts"),
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_LOCAL_TEMP": str(tmp / "ansible-tmp"),
         "ANSIBLE_HOME": str(tmp / "ansible-home"),
