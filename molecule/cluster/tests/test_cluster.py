@@ -449,6 +449,45 @@ def alerts_for(node: str, status: str | None = None) -> list[tuple[str, str]]:
     ]
 
 
+def alertmanager_api(path: str, body: list | None = None) -> list | dict:
+    """GET (or POST body to) the first Alertmanager's API v2, verified, logged in."""
+    first = sorted(group("alertmanager"))[0]
+    request = urllib.request.Request(
+        f"https://{hostvar(first, 'ansible_host')}:9093/api/v2/{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": login("alertmanager"), "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10, context=tls_context()) as response:
+        raw = response.read()
+    return json.loads(raw) if raw.strip() else {}
+
+
+def gpu_fault(cluster: str, node: str, ends_in: float) -> dict:
+    """A GpuXidCritical as Prometheus would send it, marked as this test's own."""
+    now = time.time()
+    stamp = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
+    return {
+        "labels": {
+            "alertname": "GpuXidCritical",
+            "cluster": cluster,
+            "node": node,
+            "gpu": "0",
+            "severity": "critical",
+            "gpufleet_test": "inhibition",
+        },
+        "annotations": {"summary": "posted by the cluster scenario's inhibition test"},
+        "startsAt": stamp(now - 1),
+        "endsAt": stamp(now + ends_in),
+    }
+
+
+def posted_fault_states() -> dict[str, dict]:
+    """node -> Alertmanager's status of the test's own GpuXidCritical on that node."""
+    query = urllib.parse.quote('gpufleet_test="inhibition"')
+    alerts = alertmanager_api(f"alerts?filter={query}&inhibited=true&silenced=true")
+    return {a["labels"]["node"]: a["status"] for a in alerts}
+
+
 def test_node_down_is_delivered_once_inhibits_its_gpu_alerts_and_survives_an_alertmanager():
     gpu_node, cpu_node = host("cl-gpu02"), host("cl-cpu01")
     gpu_node.run("systemctl stop node_exporter")
@@ -457,10 +496,34 @@ def test_node_down_is_delivered_once_inhibits_its_gpu_alerts_and_survives_an_ale
             lambda: ("NodeDown", "firing") in alerts_for("cl-gpu02"), timeout=330, interval=5
         )
         assert fired, notifications()
+        # With node_exporter down no GPU alert of the node can fire by itself (its series
+        # come through node_exporter), so a critical GPU fault is posted as Prometheus would
+        # post it, for the down node and, as the control, for a node that is up. Only the
+        # first may be inhibited; the second must reach the webhook.
+        cluster = next(
+            a["labels"]["cluster"]
+            for n in notifications()
+            for a in n["alerts"]
+            if a["labels"]["alertname"] == "NodeDown" and a["labels"].get("node") == "cl-gpu02"
+        )
+        alertmanager_api(
+            "alerts", [gpu_fault(cluster, "cl-gpu02", 300), gpu_fault(cluster, "cl-gpu01", 300)]
+        )
+        states = posted_fault_states()
+        assert states["cl-gpu02"]["state"] == "suppressed", states
+        assert states["cl-gpu02"]["inhibitedBy"], states
+        assert states["cl-gpu01"]["state"] == "active", states
+        delivered = eventually(
+            lambda: ("GpuXidCritical", "firing") in alerts_for("cl-gpu01"), timeout=60, interval=2
+        )
+        assert delivered, "the control GPU fault on a node that is up was not delivered"
         time.sleep(30)  # time for a duplicate from the second Alertmanager to arrive
         assert alerts_for("cl-gpu02", "firing").count(("NodeDown", "firing")) == 1
         others = {name for name, _ in alerts_for("cl-gpu02", "firing")} - {"NodeDown"}
         assert not others, f"alerts not inhibited by NodeDown: {others}"
+        alertmanager_api(
+            "alerts", [gpu_fault(cluster, "cl-gpu02", 0), gpu_fault(cluster, "cl-gpu01", 0)]
+        )
     finally:
         gpu_node.run("systemctl start node_exporter")
 
