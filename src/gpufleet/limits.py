@@ -1,6 +1,7 @@
 """Limits on what gpufleet accepts, so that any input costs bounded time and memory.
 
-docs/inventory.md ("Limits") documents every value here; change both together.
+docs/inventory.md ("Limits") documents every value here; change both together
+(tests/unit/inventory/test_limits_doc.py fails while they differ).
 """
 
 from __future__ import annotations

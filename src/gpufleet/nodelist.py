@@ -42,6 +42,7 @@ from gpufleet.sizing import (
     DEFAULT_MAX_GPUS_PER_SHARD,
     DEFAULT_MAX_SERIES_PER_SHARD,
     HostShape,
+    RegistryError,
     estimate_series,
 )
 from gpufleet.strictyaml import YamlProblem, one_line
@@ -573,9 +574,12 @@ SPEC_HOST_FIELDS = (
 def build_hosts(check: Checker, spec: EntrySpec, key_path: str, cluster: str) -> list[Host]:
     addresses = entry_addresses(check, spec, key_path)
     cpus = spec.cpus or DEFAULT_CPUS
-    series = spec.expected_series or estimate_series(
-        HostShape(cpus, spec.gpu_count, spec.gpu_collector, spec.role)
-    )
+    try:
+        series = spec.expected_series or estimate_series(
+            HostShape(cpus, spec.gpu_count, spec.gpu_collector, spec.role)
+        )
+    except RegistryError as err:  # the exporter registry, not the node list, is wrong
+        raise NodeListError(err.file, err.key_path, err.message) from None
     shared = {name: getattr(spec, name) for name in SPEC_HOST_FIELDS}
     return [
         Host(

@@ -20,13 +20,14 @@ from typing import Any
 
 import yaml
 
+from gpufleet import strictyaml
+
 COMMAND = "python -m gpufleet.roledocs"
 DOCS_DIR = Path("docs") / "roles"
 INDEX = "README.md"
 SPEC = Path("meta") / "argument_specs.yml"
 INLINE_DEFAULT_MAX = 80  # longer defaults go into a YAML block
 
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 # Ansible's own patterns (ansible-doc): the argument ends at the first ")"; V() allows "\)".
@@ -209,12 +210,38 @@ def render_all(specs: Mapping[str, Spec]) -> dict[str, str]:
     return pages
 
 
+class SpecError(ValueError):
+    """One line for an argument spec that cannot be documented: file, key, what is wrong."""
+
+
+def read_spec(path: Path) -> Spec | None:
+    """The ``main`` entry point of one ``argument_specs.yml``, read strictly (duplicate keys
+    refused) and as Ansible reads it (a value YAML 1.1 would type differently is refused, so
+    the page never shows what Ansible does not see); None if it has no ``main``."""
+    try:
+        document = strictyaml.load_as_ansible_reads_it(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise SpecError(f"{path}: cannot read: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: cannot read: not valid UTF-8") from None
+    except strictyaml.YamlProblem as problem:
+        raise SpecError(strictyaml.one_line(f"{path}: {problem}")) from None
+    specs = document.get("argument_specs") if isinstance(document, dict) else None
+    if specs is None and document in (None, {}):
+        return None
+    if not isinstance(specs, dict):
+        raise SpecError(f"{path}: argument_specs: must be a mapping of entry points")
+    main = specs.get("main")
+    if main is not None and not isinstance(main, dict):
+        raise SpecError(f"{path}: argument_specs.main: must be a mapping")
+    return main
+
+
 def load_specs(root: Path) -> dict[str, Spec]:
     """The ``main`` entry point of every role under ``root/roles`` that has an argument spec."""
     specs: dict[str, Spec] = {}
     for path in sorted((root / "roles").glob(f"*/{SPEC.as_posix()}")):
-        document = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader) or {}
-        main = (document.get("argument_specs") or {}).get("main")
+        main = read_spec(path)
         if main is not None:
             specs[path.parents[1].name] = main
     return specs
@@ -252,7 +279,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    specs = load_specs(args.root)
+    try:
+        specs = load_specs(args.root)
+    except SpecError as err:
+        print(f"{COMMAND}: {err}", file=sys.stderr)
+        return 2
     if not specs:
         print(f"{COMMAND}: no roles/*/{SPEC.as_posix()} under {args.root}", file=sys.stderr)
         return 2

@@ -15,7 +15,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
+from gpufleet import strictyaml
 
 # The exporter registry (roles/exporters): which group runs each exporter and what one
 # host running it sends (its `series`). The roles read the same file; gpufleet runs
@@ -98,16 +98,71 @@ def host_groups(host: HostShape) -> set[str]:
     return groups
 
 
+SERIES_TERMS = ("host", "per_cpu", "per_gpu")
+
+
+class RegistryError(ValueError):
+    """One line for a registry file gpufleet cannot use: file, key path, what is wrong."""
+
+    def __init__(self, file: str, key_path: str, message: str) -> None:
+        self.file = file
+        self.key_path = key_path
+        self.message = message
+        where = f"{file}: {key_path}" if key_path else file
+        super().__init__(strictyaml.one_line(f"{where}: {message}"))
+
+
+def checked_registry(data: Any, file: str) -> dict[str, dict[str, Any]]:
+    """``exporters_registry`` of a loaded registry file, with what sizing reads of each
+    entry checked (``group``, ``sharded``, ``series``)."""
+    registry = data.get("exporters_registry") if isinstance(data, dict) else None
+    if not isinstance(registry, dict):
+        raise RegistryError(file, "exporters_registry", "must be a mapping of scrape jobs")
+    for name, entry in registry.items():
+        where = f"exporters_registry.{name}"
+        if not isinstance(entry, dict):
+            raise RegistryError(file, where, "must be a mapping")
+        if not isinstance(entry.get("group"), str):
+            raise RegistryError(file, f"{where}.group", "must be a group name")
+        if not isinstance(entry.get("sharded", False), bool):
+            raise RegistryError(file, f"{where}.sharded", "must be true or false")
+        series = entry.get("series") or {}
+        if not isinstance(series, dict):
+            raise RegistryError(file, f"{where}.series", "must be a mapping")
+        for term, count in series.items():
+            if term not in SERIES_TERMS:
+                raise RegistryError(
+                    file,
+                    f"{where}.series.{term}",
+                    f"unknown term; one of {', '.join(SERIES_TERMS)}",
+                )
+            # bool is an int to Python; a count is a plain non-negative integer
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise RegistryError(
+                    file, f"{where}.series.{term}", f"must be a non-negative integer, got {count!r}"
+                )
+    return registry
+
+
 @cache
-def _registry_file(path: Path) -> dict[str, dict[str, Any]]:
-    with path.open(encoding="utf-8") as stream:
-        data = yaml.safe_load(stream) or {}
-    return dict(data["exporters_registry"])
+def read_registry(path: Path) -> dict[str, dict[str, Any]]:
+    """The registry as the strict loader reads it; the roles read the same file through
+    Ansible, so a value their YAML 1.1 would type differently is refused too."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = strictyaml.load_as_ansible_reads_it(text)
+    except OSError as err:
+        raise RegistryError(str(path), "", f"cannot read: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise RegistryError(str(path), "", "cannot read: not valid UTF-8") from None
+    except strictyaml.YamlProblem as problem:
+        raise RegistryError(str(path), problem.where, problem.problem) from None
+    return checked_registry(data, str(path))
 
 
 def exporters() -> dict[str, dict[str, Any]]:
     """The exporter registry, by scrape job name."""
-    return _registry_file(EXPORTERS_FILE)
+    return read_registry(EXPORTERS_FILE)
 
 
 def exporter_series(

@@ -12,6 +12,10 @@ Strict where PyYAML's ``safe_load`` is not:
 * Ansible's own tags (``!vault``, ``!unsafe``) load as their text: the plugin takes those
   values from Ansible's loader, gpufleet never interprets them.
 
+A file that Ansible reads as well (role defaults, argument specs) is read with
+:func:`load_as_ansible_reads_it`: besides the above, a scalar that Ansible's YAML 1.1 would
+type differently is an error naming its key, so gpufleet and the roles agree on every value.
+
 Every failure is a :class:`YamlProblem` (``line N`` and the problem, on one line).
 """
 
@@ -125,3 +129,73 @@ def load(text: str) -> Any:
         raise YamlProblem("", "invalid YAML: nested too deeply") from None
     except (ValueError, OverflowError, TypeError) as err:
         raise YamlProblem("", f"invalid YAML: {one_line(str(err))[:200]}") from None
+
+
+def load_as_ansible_reads_it(text: str) -> Any:
+    """The one document in ``text``, strictly, for a file that Ansible reads too (role
+    defaults, argument specs). Ansible reads YAML 1.1: a scalar the two readings type
+    differently (``yes``, ``010``, ``10:30``, ``2024-01-01``, a key like ``on``) is a
+    :class:`YamlProblem` naming its key, so gpufleet and the roles never see two values."""
+    strict = load(text)
+    try:
+        lenient = yaml.load(text, Loader=_Base)  # a safe loader: YAML 1.1 as Ansible's
+    except (yaml.YAMLError, ValueError, OverflowError, TypeError, RecursionError):
+        return strict  # a tag only Ansible knows (!vault): nothing to compare
+    try:
+        found = _first_difference(strict, lenient, "", set())
+    except RecursionError:
+        raise YamlProblem("", "invalid YAML: nested too deeply") from None
+    if found is not None:
+        path, problem = found
+        raise YamlProblem("", f"{one_line(path or 'the document')[:200]}: {problem}")
+    return strict
+
+
+def _same(strict: Any, lenient: Any) -> bool:
+    if type(strict) is not type(lenient):
+        return False
+    return bool(strict == lenient) or (strict != strict and lenient != lenient)  # NaN
+
+
+def _first_difference(
+    strict: Any, lenient: Any, path: str, compared: set[tuple[int, int]]
+) -> tuple[str, str] | None:
+    """(key path, problem) of the first key or value the two readings type differently.
+    A pair of containers is compared once (aliases share them), so the walk costs the
+    document's nodes, not its expansion."""
+    if isinstance(strict, (dict, list)):
+        if (id(strict), id(lenient)) in compared:
+            return None
+        compared.add((id(strict), id(lenient)))
+    if isinstance(strict, dict) and isinstance(lenient, dict):
+        theirs = list(lenient)
+        for index, key in enumerate(strict):
+            where = f"{path}.{key}" if path else str(key)
+            if index >= len(theirs):
+                return where, f"{_shown(key)} is the same key as one before it to YAML 1.1"
+            if not _same(key, theirs[index]):
+                return where, _coerced(key, theirs[index])
+        for key, value in strict.items():
+            where = f"{path}.{key}" if path else str(key)
+            found = _first_difference(value, lenient[key], where, compared)
+            if found is not None:
+                return found
+        return None
+    if isinstance(strict, list) and isinstance(lenient, list) and len(strict) == len(lenient):
+        for index, (mine, theirs_item) in enumerate(zip(strict, lenient, strict=True)):
+            found = _first_difference(mine, theirs_item, f"{path}[{index}]", compared)
+            if found is not None:
+                return found
+        return None
+    return None if _same(strict, lenient) else (path, _coerced(strict, lenient))
+
+
+def _shown(value: Any) -> str:
+    return one_line(repr(value))[:80]
+
+
+def _coerced(written: Any, typed: Any) -> str:
+    return (
+        f"{_shown(written)} is {_shown(typed)} to YAML 1.1 (Ansible's reading): quote it "
+        "if it is text, else write it as YAML 1.2 does (true, 8, 8.0)"
+    )

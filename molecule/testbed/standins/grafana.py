@@ -128,6 +128,22 @@ def load_provisioning(state: dict[str, Any], directory: Path, kind: str) -> None
     state["loaded"][kind] = loaded
 
 
+def basic_credentials(header: str) -> tuple[str, str] | None:
+    """(login, password) of a basic ``Authorization`` header, read as Grafana reads it
+    (Go's ``Request.BasicAuth``): the scheme ``Basic`` in any ASCII case and one space,
+    standard padded base64, a ``:`` after the login; None for anything else."""
+    scheme, encoded = header[:6], header[6:]
+    # ASCII only, as Go's ascii.EqualFold: "ba\u017fic " casefolds to "basic " but is none.
+    if not scheme.isascii() or scheme.lower() != "basic ":
+        return None
+    try:
+        decoded = base64.b64decode(encoded, validate=True).decode()
+    except ValueError:  # binascii.Error and UnicodeDecodeError both are
+        return None
+    login, colon, password = decoded.partition(":")
+    return (login, password) if colon else None
+
+
 class Api(BaseHTTPRequestHandler):
     data_dir: str
     provisioning: Path
@@ -161,17 +177,12 @@ class Api(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def authenticated(self, admin: dict[str, str]) -> bool:
-        header = self.headers.get("Authorization", "")
-        try:
-            login, _, password = base64.b64decode(header[6:]).decode().partition(":")
-        except ValueError:
+        credentials = basic_credentials(self.headers.get("Authorization", ""))
+        if credentials is None:
             return False
+        login, password = credentials
         expected = hash_password(password, admin["salt"])["hash"]
-        return (
-            header.startswith("Basic ")
-            and login == admin["login"]
-            and (hmac.compare_digest(expected, admin["hash"]))
-        )
+        return login == admin["login"] and hmac.compare_digest(expected, admin["hash"])
 
     def answer(
         self,
