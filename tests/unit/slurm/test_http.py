@@ -28,6 +28,7 @@ from conftest import EXPORTER, FIXTURES, exp, write_fake_slurm
 from test_glue import start_exporter
 from test_web import answered, client_context, get, hashed, pki, server_tls, write_config
 
+from gpufleet_node.slurm_exporter import cli as cli_module
 from gpufleet_node.slurm_exporter import server as server_module
 
 BODY = b"slurm_up 1\n"
@@ -356,10 +357,25 @@ def test_server_options_come_from_the_command_line():
     for flag in (
         "--web-max-connections",
         "--web-read-timeout",
+        "--web-write-timeout",
+        "--web-max-connections-per-address",
         "--max-gpu-index-series",
         "--job-source",
     ):
         assert flag in parser_help
+
+
+def test_the_write_deadline_and_address_limit_reach_the_server(monkeypatch):
+    seen: dict = {}
+
+    def make_server(addr, collector, web, **options):
+        seen.update(options)
+        raise ValueError("stop before serving")
+
+    monkeypatch.setattr(cli_module, "make_server", make_server)
+    argv = ["--web-write-timeout=3", "--web-max-connections-per-address=2"]
+    assert cli_module.main([*argv, "--listen-address=127.0.0.1:0"]) == 2
+    assert seen["write_timeout"] == 3.0 and seen["max_connections_per_address"] == 2
 
 
 def test_ssl_module_is_not_required_for_plain_http(start):
