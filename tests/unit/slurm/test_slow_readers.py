@@ -161,3 +161,43 @@ def test_replaceable_takes_the_oldest_reader_then_the_slowest_answer_past_its_gr
     assert pick([young], now, 1.0) is None  # nothing to replace: the new one is refused
     slow.evicted = True
     assert pick([slow, young], now, 1.0) is None  # already on its way out
+
+
+def test_a_client_that_reads_keeps_its_slot_against_one_that_does_not():
+    """Both answers past their grace, the server full: the new scrape replaces the reader
+    that reads nothing, not the one reading steadily (if slowly)."""
+    srv = exp.make_server("127.0.0.1:0", Snapshot(), None, max_connections=2, write_timeout=30)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    port = srv.server_address[1]
+    hurry = threading.Event()
+    received: list[bytes] = []
+
+    def steady_reader() -> None:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            while chunk := s.recv(16384):
+                received.append(chunk)
+                if not hurry.is_set():
+                    time.sleep(0.01)  # about 1.6 MB/s until told to hurry
+
+    reading = threading.Thread(target=steady_reader)
+    reading.start()
+    stalled = slow_reader(port, "127.0.0.1")
+    try:
+        assert wait_for(lambda: srv.open_connections(phase="write") == 2)
+        time.sleep(1.5)  # both past their grace
+        status, body = scrape(port)
+        assert status.endswith(b" 200 OK") and body.startswith(BODY)
+        # Counted when the replaced connection's thread ends, a moment after.
+        assert wait_for(lambda: srv.dropped["slow_writer_replaced"] == 1), srv.dropped
+        assert srv.refused == 0
+        hurry.set()
+        reading.join(timeout=20)
+        whole = b"".join(received).partition(b"\r\n\r\n")[2]
+        assert whole.startswith(BODY)  # the steady reader got its whole answer
+    finally:
+        hurry.set()
+        stalled.close()
+        reading.join(timeout=20)
+        srv.shutdown()
+        srv.server_close()
