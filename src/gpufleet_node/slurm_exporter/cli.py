@@ -18,7 +18,13 @@ from gpufleet_node.slurm_exporter.model import (
     JOB_SOURCES,
     JSON_MIN_VERSION,
 )
-from gpufleet_node.slurm_exporter.server import WEB_MAX_CONNECTIONS, WEB_READ_TIMEOUT, make_server
+from gpufleet_node.slurm_exporter.server import (
+    WEB_MAX_CONNECTIONS,
+    WEB_MAX_CONNECTIONS_PER_ADDRESS,
+    WEB_READ_TIMEOUT,
+    WEB_WRITE_TIMEOUT,
+    make_server,
+)
 from gpufleet_node.slurm_exporter.shards import NodeMap, NodeMapError
 from gpufleet_node.webconfig import WebConfig, WebConfigError
 
@@ -96,6 +102,19 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds a connection has for TLS handshake, request line and headers"
         f" (default {WEB_READ_TIMEOUT:g})",
     )
+    p.add_argument(
+        "--web-write-timeout",
+        type=float,
+        default=WEB_WRITE_TIMEOUT,
+        help=f"seconds a connection has to take the whole answer (default {WEB_WRITE_TIMEOUT:g})",
+    )
+    p.add_argument(
+        "--web-max-connections-per-address",
+        type=int,
+        default=WEB_MAX_CONNECTIONS_PER_ADDRESS,
+        help="open HTTP connections from one client address at most"
+        f" (default {WEB_MAX_CONNECTIONS_PER_ADDRESS})",
+    )
     _add_file_arguments(
         p, "web-config", "TLS and basic auth, in node_exporter's web config shape written as JSON"
     )
@@ -147,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             web,
             max_connections=args.web_max_connections,
             read_timeout=args.web_read_timeout,
+            write_timeout=args.web_write_timeout,
+            max_connections_per_address=args.web_max_connections_per_address,
         )
     except (OSError, ValueError) as exc:
         LOG.error("cannot listen on %s: %s", args.listen_address, exc)

@@ -231,5 +231,12 @@ def test_the_role_unit_passes_only_flags_the_exporter_knows():
     for flag in flags:
         assert flag in usage, flag
     defaults = (ROLE_DIR / "defaults" / "main.yml").read_text()
-    for name in ("job_source", "max_gpu_index_series", "web_max_connections", "web_read_timeout"):
+    for name in (
+        "job_source",
+        "max_gpu_index_series",
+        "web_max_connections",
+        "web_max_connections_per_address",
+        "web_read_timeout",
+        "web_write_timeout",
+    ):
         assert f"slurm_exporter_{name}:" in defaults

@@ -26,7 +26,10 @@ import bcrypt
 import pytest
 from conftest import EXPORTER, FIXTURES, exp, write_fake_slurm
 from test_glue import start_exporter
-from test_web import client_context, get, hashed, pki, server_tls, write_config
+from test_web import answered, client_context, get, hashed, pki, server_tls, write_config
+
+from gpufleet_node.slurm_exporter import cli as cli_module
+from gpufleet_node.slurm_exporter import server as server_module
 
 BODY = b"slurm_up 1\n"
 __all__ = ["pki"]  # the session's certificates (a fixture of test_web)
@@ -105,7 +108,7 @@ def test_idle_connections_do_not_block_a_scrape(start):
     conns = idle(port, 40)
     try:
         code, body, took = timed_get(f"{base}/metrics")
-        assert (code, body) == (200, BODY) and took < 2.0
+        assert answered((code, body)) and took < 2.0
         # Open connections stay bounded, whatever the clients hold open.
         assert server.open_connections() <= 2 * server.max_connections
         # Idle ones are closed at their read deadline.
@@ -134,7 +137,7 @@ def test_a_slow_client_is_cut_at_the_read_deadline(start):
                 cut = True
                 break
         assert cut and time.monotonic() - begin < 6
-        assert get(f"{base}/metrics") == (200, BODY)
+        assert answered(get(f"{base}/metrics"))
     finally:
         s.close()
 
@@ -147,7 +150,7 @@ def test_an_oversized_request_head_is_dropped(start):
         assert closed_by_server(s, within=3.0)
     finally:
         s.close()
-    assert get(f"{base}/metrics") == (200, BODY)
+    assert answered(get(f"{base}/metrics"))
 
 
 def test_tls_clients_that_never_handshake_do_not_block(start, pki):
@@ -155,18 +158,20 @@ def test_tls_clients_that_never_handshake_do_not_block(start, pki):
     conns = idle(server.server_address[1], 10)
     try:
         code, body = get(f"{base}/metrics", context=client_context(pki))
-        assert (code, body) == (200, BODY)
+        assert answered((code, body))
         assert closed_by_server(conns[-1], within=3.0)
     finally:
         for s in conns:
             s.close()
 
 
-def test_a_full_server_still_answers_what_it_has_read(start):
-    """All slots taken by clients whose responses are pending: a new one is refused, cleanly."""
+def test_a_full_server_refuses_then_replaces_the_slowest_answer(start, monkeypatch):
+    """All slots taken by answers pending: a new connection is refused while they are young,
+    and replaces the slowest once it has had its grace (issue 26 finding 1)."""
     big = b"x" * (64 * 1024 * 1024)  # far more than the loopback buffers hold
     server, base = start(body=big, max_connections=2, read_timeout=1.0)
     port = server.server_address[1]
+    monkeypatch.setattr(server_module, "SLOW_WRITER_GRACE", 3600.0)
     readers = []
     for _ in range(2):
         s = socket.socket()
@@ -179,14 +184,18 @@ def test_a_full_server_still_answers_what_it_has_read(start):
         # Both must be answering: a connection still reading its head would be replaced.
         assert wait_for(lambda: server.open_connections(phase="write") == 2)
         s = socket.create_connection(("127.0.0.1", port), timeout=5)
-        assert closed_by_server(s, within=3.0)  # refused: nobody to replace
+        assert closed_by_server(s, within=3.0)  # refused: nobody to replace yet
         s.close()
-        assert server.refused >= 1
+        assert server.refused == 1 and server.dropped["full"] == 1
+        monkeypatch.setattr(server_module, "SLOW_WRITER_GRACE", 0.0)
+        assert get(f"{base}/")[0] == 200  # replaces one of the readers that read nothing
+        # Counted when the replaced connection's thread ends, a moment after.
+        assert wait_for(lambda: server.dropped["slow_writer_replaced"] == 1), server.dropped
+        assert server.refused == 1
     finally:
         for s in readers:
             s.close()
     assert wait_for(lambda: server.open_connections() == 0)
-    assert get(f"{base}/")[0] == 200
 
 
 def test_open_file_limit_of_the_exporter_process(tmp_path):
@@ -306,7 +315,7 @@ def test_a_password_over_72_bytes_is_a_failed_login(start, capfd, caplog):
     for user in ("prometheus", "nobody"):
         assert get(f"{base}/metrics", user, "p" * 73)[0] == 401
         assert get(f"{base}/metrics", user, "é" * 40)[0] == 401  # 80 bytes, 40 characters
-    assert get(f"{base}/metrics", "prometheus", "s3cret-scrape") == (200, BODY)
+    assert answered(get(f"{base}/metrics", "prometheus", "s3cret-scrape"))
     assert "Traceback" not in capfd.readouterr().err
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
@@ -336,7 +345,7 @@ def test_tls_and_auth_survive_many_idle_clients(start, pki):
     conns = idle(server.server_address[1], 12)
     try:
         ctx = client_context(pki)
-        assert get(f"{base}/metrics", "p", "pw", ctx) == (200, BODY)
+        assert answered(get(f"{base}/metrics", "p", "pw", ctx))
         assert get(f"{base}/metrics", "p", "nope", ctx)[0] == 401
     finally:
         for s in conns:
@@ -350,10 +359,25 @@ def test_server_options_come_from_the_command_line():
     for flag in (
         "--web-max-connections",
         "--web-read-timeout",
+        "--web-write-timeout",
+        "--web-max-connections-per-address",
         "--max-gpu-index-series",
         "--job-source",
     ):
         assert flag in parser_help
+
+
+def test_the_write_deadline_and_address_limit_reach_the_server(monkeypatch):
+    seen: dict = {}
+
+    def make_server(addr, collector, web, **options):
+        seen.update(options)
+        raise ValueError("stop before serving")
+
+    monkeypatch.setattr(cli_module, "make_server", make_server)
+    argv = ["--web-write-timeout=3", "--web-max-connections-per-address=2"]
+    assert cli_module.main([*argv, "--listen-address=127.0.0.1:0"]) == 2
+    assert seen["write_timeout"] == 3.0 and seen["max_connections_per_address"] == 2
 
 
 def test_ssl_module_is_not_required_for_plain_http(start):
