@@ -107,6 +107,19 @@ def test_preflight_refuses_an_unknown_mode():
     assert evaluate(ROLE, that, HOST, {"gpu_collector_mode": "cron"}) is False
 
 
+def test_preflight_checks_the_slurm_cgroup_root_as_the_collector_does():
+    from gpufleet_node.gpu_collector.slurm import valid_cgroup_root
+
+    tasks = yaml.safe_load((ROLES / ROLE / "tasks/preflight.yml").read_text())
+    (check,) = [t for t in tasks if t["name"] == "Check the collector settings"]
+    that = " and ".join(f"({c})" for c in check["ansible.builtin.assert"]["that"])
+    for root in ("", "/machine.slice/libpod-1.scope", "/a b/%h;$x", "/a/", "a", "/a//b", "/a/.."):
+        verdict = evaluate(ROLE, that, HOST, {"gpu_collector_slurm_cgroup_root": root})
+        assert verdict is valid_cgroup_root(root), root
+    unit = render(ROLE, "gpufleet-gpu-collector.service.j2", HOST, {})
+    assert "--slurm-cgroup-root" not in unit
+
+
 def test_only_the_long_running_service_is_restarted_by_a_change():
     handlers = yaml.safe_load((ROLES / ROLE / "handlers/main.yml").read_text())
     services = [h for h in handlers if "ansible.builtin.systemd_service" in h]

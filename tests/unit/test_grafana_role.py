@@ -246,9 +246,12 @@ def control_check_refuses(**values) -> list[str]:
 
 def test_a_password_with_a_newline_would_add_lines_to_grafana_ini_and_is_refused():
     injected = "c0rrect-horse-battery\n[auth.proxy]\nenabled = true\nheader_name = X-User"
-    # What preflight prevents: the password's next lines become settings of their own
-    # (here: whoever sends an X-User header is logged in as that user).
-    assert grafana_ini(grafana_admin_password=injected)["auth.proxy"]["enabled"] == "true"
+    # What preflight prevents: the password's next lines would become settings of their
+    # own (here: whoever sends an X-User header is logged in as that user). The
+    # template's gpufleet_ini_value refuses it too, without printing the value.
+    with pytest.raises(Exception, match="holds a control character") as refused:
+        grafana_ini(grafana_admin_password=injected)
+    assert "horse" not in str(refused.value)
     assert control_check_refuses(grafana_admin_password=injected) == ["grafana_admin_password"]
     for bad in ("x\ry", "x\x00y", "x\x1by"):
         assert control_check_refuses(grafana_secret_key=bad * 8) == ["grafana_secret_key"]

@@ -44,8 +44,9 @@ SECRET_NAME = re.compile(
 NOT_SECRET = re.compile(r"_length$|^_\w+_known_default_")
 # Attributes that are never secret, whatever holds them (a receiver's name).
 PUBLIC_ATTRS = {"name"}
-# Filters whose result says nothing about the value's content.
-COUNTING_FILTERS = {"length", "count", "bool"}
+# Filters whose result says nothing about the value's content (gpufleet_ini_problems
+# names the settings that grafana.ini cannot hold, never their values).
+COUNTING_FILTERS = {"length", "count", "bool", "gpufleet_ini_problems"}
 # The masking lists of the explaining tasks (used only as `replace` patterns).
 MASK_NAME = re.compile(r"^__\w+_hidden$")
 CONDITION_KEYS = {"when", "changed_when", "failed_when", "until"}
