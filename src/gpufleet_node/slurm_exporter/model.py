@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # The exact command lines. tests/fixtures/slurm/capture.sh runs the same ones.
 # -O "Field:|" = no minimum width (no truncation) and "|" as suffix; Reason is last because
@@ -156,8 +157,12 @@ class NodeRow:
     reason: str | None
 
 
-@dataclass(frozen=True)
-class QueueRow:
+# The per-job rows are NamedTuples, not frozen dataclasses: several times cheaper to build
+# (a frozen dataclass sets each field through object.__setattr__), and a collection builds
+# one per job (bench/slurm_jobs_bench.py: 30,000 jobs read from JSON in half the time).
+
+
+class QueueRow(NamedTuple):
     """One line of ``squeue -r --states=all -o %A|%i|%T|%P|%u|%a|%C|%D|%r``."""
 
     job_id: str
@@ -171,8 +176,7 @@ class QueueRow:
     reason: str
 
 
-@dataclass(frozen=True)
-class NodeAlloc:
+class NodeAlloc(NamedTuple):
     """GPUs one job holds on one node (from a ``Nodes=... GRES=...`` detail segment)."""
 
     node: str
@@ -180,8 +184,7 @@ class NodeAlloc:
     indices: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class JobDetail:
+class JobDetail(NamedTuple):
     """One job record (``scontrol show job -d -o`` or ``--json``).
 
     ``allocations`` are filled for RUNNING jobs only: no other job's GPUs are exported.

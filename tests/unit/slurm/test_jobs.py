@@ -198,7 +198,7 @@ def test_a_forged_record_cannot_take_the_id_of_an_unreadable_one():
 
 
 def test_squeue_must_name_the_same_user():
-    queue = [r if r.job_id != "7" else exp.QueueRow(**{**r.__dict__, "user": "x"}) for r in SQUEUE]
+    queue = [r if r.job_id != "7" else r._replace(user="x") for r in SQUEUE]
     jobs, _ = exp.parse_scontrol_jobs(CAPTURE)
     kept, rejected = exp.verify_jobs(jobs, queue)
     assert rejected == {"user_mismatch": 1}

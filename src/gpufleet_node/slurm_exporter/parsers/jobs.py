@@ -229,7 +229,7 @@ class TextJobReader:
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._pending: list[str] = []
         self._pending_chars = 0
-        self._records: dict[str, list[tuple[JobDetail, ...]]] = {}
+        self._records: dict[str, tuple[tuple[JobDetail, ...], ...]] = {}
 
     def feed(self, chunk: bytes) -> None:
         # "\n" only: scontrol ends records with it; str.splitlines would also split on
@@ -252,7 +252,7 @@ class TextJobReader:
             if len(records) == 1 and len(records[0]) == 1:
                 result.append(records[0][0])
             elif any(records):
-                result.unresolved[job_id] = records
+                result.unresolved[job_id] = list(records)
         return result, sum(result.rejected.values())
 
     def adopt(self, job_id: str, text: str) -> None:
@@ -299,7 +299,7 @@ class TextJobReader:
         if record is None:
             self.result.rejected["malformed"] += 1
             return
-        self._records.setdefault(record[0], []).append(record[1])
+        self._records[record[0]] = (*self._records.get(record[0], ()), record[1])
 
 
 def parse_scontrol_jobs(text: str) -> tuple[JobList, int]:
