@@ -194,10 +194,16 @@ class Collector:
         """Ask scontrol for each job id that has several records, that job alone: its real
         record starts that output, so text in another job cannot take its place."""
         doubtful = [i for i, recs in reader.result.unresolved.items() if len(recs) > 1]
+        # One command timeout for all of them: forged records must not stretch the cycle.
+        deadline = time.monotonic() + self.command_timeout
         for job_id in doubtful[:MAX_JOB_REQUERIES]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                LOG.warning("scontrol show job: no time left for %d job ids", len(doubtful))
+                break
             argv = [*self.job_commands["text"], job_id]
             try:
-                res = self.runner(argv, self.command_timeout)
+                res = self.runner(argv, left)
             except Exception:
                 LOG.warning("scontrol show job %s failed; its records stay unresolved", job_id)
                 continue

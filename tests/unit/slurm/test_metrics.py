@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 
 import pytest
 from conftest import FILES, FIXTURES, assert_samples, exp, fixture_text, metric_samples, runner_for
@@ -319,6 +320,27 @@ def test_a_cloned_record_is_settled_by_asking_scontrol_for_that_job():
         k: v for k, v in clean.items() if k.startswith("slurm_job_")
     }
     assert m['slurm_exporter_job_records_rejected{reason="duplicate"}'] == 0
+
+
+def test_asking_for_single_jobs_keeps_within_one_command_timeout():
+    """Forged records for many ids cannot stretch the cycle: one timeout for all the asks."""
+    base = fixture_text("22.05", "scontrol_jobs.txt")
+    lines = [x for x in base.split("\n") if x.startswith("JobId=")]
+    text = base + "\n".join(lines) + "\n"  # every id twice
+    plain = runner_for("22.05", texts={"scontrol_jobs": text})
+    asked: list[str] = []
+
+    def run(argv, timeout):
+        if argv[:-1] == exp.COMMANDS["scontrol_jobs"]:
+            asked.append(argv[-1])
+            time.sleep(0.1)
+            return exp.CommandResult("", 0.1, None)
+        return plain(argv, timeout)
+
+    start = time.monotonic()
+    exp.Collector(runner=run, command_timeout=0.35).collect()
+    assert 2 <= len(asked) <= 5 < len(lines)
+    assert time.monotonic() - start < 3
 
 
 def test_forced_job_sources():
