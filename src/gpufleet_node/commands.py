@@ -43,11 +43,31 @@ class CommandResult:
 
 
 Runner = Callable[[list[str], float], CommandResult]
+# A runner that hands standard output to a sink as it arrives (run_command's ``sink``).
+StreamRunner = Callable[[list[str], float, Callable[[bytes], None]], CommandResult]
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+class StreamSink:
+    """Passes a stream on as it arrives instead of keeping it; ``limit`` bytes at most."""
+
+    tail = False
+
+    def __init__(self, limit: int, sink: Callable[[bytes], None]) -> None:
+        self.limit = limit
+        self.sink = sink
+        self.seen = 0
+        self.overflow = False
+
+    def add(self, chunk: bytes) -> None:
+        self.seen += len(chunk)
+        self.overflow = self.overflow or self.seen > self.limit
+        if chunk and not self.overflow:
+            self.sink(chunk)
 
 
 class BoundedBuffer:
@@ -85,7 +105,10 @@ class BoundedBuffer:
 
 
 def _read_bounded(
-    proc: subprocess.Popen[bytes], deadline: float, out: BoundedBuffer, err: BoundedBuffer
+    proc: subprocess.Popen[bytes],
+    deadline: float,
+    out: BoundedBuffer | StreamSink,
+    err: BoundedBuffer,
 ) -> str | None:
     """Read stdout and stderr until both close: None, or the error that stopped it
     (a head-kept stdout over its limit stops the read; a tail-kept one never does)."""
@@ -114,13 +137,16 @@ def run_command(
     max_output: int = DEFAULT_MAX_OUTPUT,
     keep_tail: bool = False,
     reap_wait: float = _REAP_WAIT,
+    sink: Callable[[bytes], None] | None = None,
 ) -> CommandResult:
     """Run ``argv`` in its own process group; kill the whole group on timeout or when its
     standard output exceeds ``max_output`` bytes. Never raises for the command's failures.
 
     ``keep_tail``: standard output over ``max_output`` is not an error; its newest bytes
     (whole lines) are kept and ``truncated`` says so (a log backlog). ``reap_wait``: how long
-    a killed group is waited for, so a caller with one deadline can keep that time inside it."""
+    a killed group is waited for, so a caller with one deadline can keep that time inside it.
+    ``sink``: standard output goes to it chunk by chunk as it arrives and is not kept
+    (``stdout`` is then empty): a large output is parsed without ever being held whole."""
     start = time.monotonic()
     try:
         proc = subprocess.Popen(
@@ -138,7 +164,10 @@ def run_command(
         return CommandResult("", time.monotonic() - start, "exec_error", exc.strerror or str(exc))
     # Not `with proc`: its exit waits without a bound, and a killed process stuck in the
     # kernel (a hung NFS mount) outlives SIGKILL; the cycle must not wait for it.
-    out, err = BoundedBuffer(max_output, keep_tail), BoundedBuffer(MAX_STDERR)
+    out: BoundedBuffer | StreamSink = (
+        StreamSink(max_output, sink) if sink is not None else BoundedBuffer(max_output, keep_tail)
+    )
+    err = BoundedBuffer(MAX_STDERR)
     try:
         error = _read_bounded(proc, start + timeout, out, err)
         if error is not None:
@@ -169,7 +198,9 @@ def run_command(
     if error == "output_limit":
         LOG.warning("%s printed more than %d bytes", what, max_output)
         return CommandResult("", duration, error, stderr, proc.returncode)
-    stdout, truncated = out.text(), out.overflow
+    stdout, truncated = (
+        (out.text(), out.overflow) if isinstance(out, BoundedBuffer) else ("", False)
+    )
     if proc.returncode != 0:
         LOG.warning("%s exited %d: %s", what, proc.returncode, stderr[:300])
         return CommandResult(stdout, duration, "exit_code", stderr, proc.returncode, truncated)

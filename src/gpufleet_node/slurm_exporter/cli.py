@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="gpufleet-slurm-exporter", description=_PACKAGE_DOC.splitlines()[0]
     )
     p.add_argument("--listen-address", default=":9341", help="host:port (default :9341)")
-    p.add_argument("--collect-interval", type=float, default=30.0, help="seconds (default 30)")
+    # SchedMD advises 60-120 s between queries of the whole job table (two per collection).
+    p.add_argument("--collect-interval", type=float, default=60.0, help="seconds (default 60)")
     p.add_argument(
         "--command-timeout", type=float, default=10.0, help="per command, seconds (default 10)"
     )

@@ -7,22 +7,26 @@ import os
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
-from gpufleet_node.commands import CommandResult, Runner, run_command
+from gpufleet_node.commands import CommandResult, Runner, StreamRunner, run_command
 from gpufleet_node.exposition import Family, render
 from gpufleet_node.slurm_exporter.metrics import CommandStatus, build_families
 from gpufleet_node.slurm_exporter.model import (
     COMMANDS,
     DEFAULT_MAX_GPU_INDEX_SERIES,
     DEFAULT_MAX_JOB_SERIES,
+    JOB_FALLBACK_ERRORS,
     JOB_JSON_COMMAND,
+    JOB_MAX_OUTPUT,
     JOB_SOURCES,
     JSON_MIN_VERSION,
+    MAX_JOB_REQUERIES,
     JobList,
 )
 from gpufleet_node.slurm_exporter.parsers import PARSERS
+from gpufleet_node.slurm_exporter.parsers.jobs import JsonJobReader, TextJobReader
 from gpufleet_node.slurm_exporter.shards import (
     CLUSTER_PART,
     NodeMap,
@@ -43,6 +47,25 @@ def slurm_version_tuple(version: object) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+_FEED_CHUNK = 65536
+
+
+def streamed(runner: Runner, max_output: int) -> StreamRunner:
+    """A StreamRunner over a Runner that returns the whole output (tests, a site's wrapper):
+    its output is fed in chunks, and more than ``max_output`` bytes is an output_limit."""
+
+    def run(argv: list[str], timeout: float, sink: Callable[[bytes], None]) -> CommandResult:
+        res = runner(argv, timeout)
+        data = res.stdout.encode()
+        if res.error is None and len(data) > max_output:
+            return CommandResult("", res.duration, "output_limit", res.stderr, res.returncode)
+        for i in range(0, len(data), _FEED_CHUNK):
+            sink(data[i : i + _FEED_CHUNK])
+        return res
+
+    return run
+
+
 class Collector:
     """Runs the Slurm commands concurrently and keeps the latest exposition snapshot."""
 
@@ -57,6 +80,7 @@ class Collector:
         job_source: str = "auto",
         max_gpu_index_series: int = DEFAULT_MAX_GPU_INDEX_SERIES,
         node_map: NodeMap | None = None,
+        job_max_output: int = JOB_MAX_OUTPUT,
     ) -> None:
         if job_source not in JOB_SOURCES:
             raise ValueError(f"job source must be one of {JOB_SOURCES}")
@@ -80,6 +104,15 @@ class Collector:
         env["SLURM_TIME_FORMAT"] = "standard"
         self._env = env
         self.runner: Runner = runner or (lambda argv, t: run_command(argv, t, self._env))
+        # Job records are parsed as they arrive, never held whole (a 27,000-job table is
+        # 264 MiB of JSON): the output bound is then on time, not memory.
+        self.job_runner: StreamRunner = (
+            streamed(runner, job_max_output)
+            if runner is not None
+            else lambda argv, t, sink: run_command(
+                argv, t, self._env, max_output=job_max_output, sink=sink
+            )
+        )
         self.status: dict[str, CommandStatus] = {k: CommandStatus() for k in self.commands}
         self.dropped_total = 0
         self.index_dropped_total = 0
@@ -136,26 +169,74 @@ class Collector:
             return CommandResult("", res.duration, "parse"), result, bad
         return res, result, bad
 
+    def _attempt_jobs(self, source: str) -> tuple[CommandResult, JobList | None, int]:
+        """Run and parse the job records of ``source`` as they arrive."""
+        reader = JsonJobReader() if source == "json" else TextJobReader()
+        try:
+            res = self.job_runner(self.job_commands[source], self.command_timeout, reader.feed)
+        except Exception:  # the runner must never take the exporter down
+            LOG.exception("reading the %s job records failed", source)
+            res = CommandResult("", 0.0, "exec_error")
+        if res.error is not None:
+            return res, None, 0
+        try:
+            result, bad = reader.finish()
+            if isinstance(reader, TextJobReader):
+                self._requery(reader)
+        except Exception:
+            LOG.exception("parsing the %s job records failed", source)
+            return CommandResult("", res.duration, "parse"), None, 0
+        if result.unusable:
+            return CommandResult("", res.duration, "parse"), result, bad
+        return res, result, bad
+
+    def _requery(self, reader: TextJobReader) -> None:
+        """Ask scontrol for each job id that has several records, that job alone: its real
+        record starts that output, so text in another job cannot take its place."""
+        doubtful = [i for i, recs in reader.result.unresolved.items() if len(recs) > 1]
+        # One command timeout for all of them: forged records must not stretch the cycle.
+        deadline = time.monotonic() + self.command_timeout
+        for job_id in doubtful[:MAX_JOB_REQUERIES]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                LOG.warning("scontrol show job: no time left for %d job ids", len(doubtful))
+                break
+            argv = [*self.job_commands["text"], job_id]
+            try:
+                res = self.runner(argv, left)
+            except Exception:
+                LOG.warning("scontrol show job %s failed; its records stay unresolved", job_id)
+                continue
+            if res.error is None:
+                reader.adopt(job_id, res.stdout)
+
+    def _run_jobs(self) -> tuple[CommandResult, JobList | None, int]:
+        """The job records of this collection, from the job source now in use.
+
+        auto falls back to the text form when the JSON form fails in a way the text form
+        may not (no data_parser plugin, unknown schema, more output than the bound), and
+        stays with it; the JSON failure is counted as that command's error.
+        """
+        source = self.job_source_now()
+        res, result, bad = self._attempt_jobs(source)
+        if res.error in JOB_FALLBACK_ERRORS and source == "json" and self.job_source == "auto":
+            text = self._attempt_jobs("text")
+            if text[0].error is None:
+                st = self.status["scontrol_jobs"]
+                st.errors[res.error] = st.errors.get(res.error, 0) + 1
+                LOG.warning(
+                    "scontrol --json failed (%s), the text form worked: using it from now on",
+                    res.error,
+                )
+                self.json_failed = True
+                return text
+        return res, result, bad
+
     def _run_one(self, name: str) -> None:
         st = self.status[name]
+        result: object
         if name == "scontrol_jobs":
-            source = self.job_source_now()
-            parser = "scontrol_jobs_json" if source == "json" else "scontrol_jobs"
-            res, result, bad = self._attempt(name, self.job_commands[source], parser)
-            if (
-                res.error in ("exit_code", "parse")
-                and source == "json"
-                and self.job_source == "auto"
-            ):
-                text = self._attempt(name, self.job_commands["text"], "scontrol_jobs")
-                if text[0].error is None:
-                    LOG.warning(
-                        "scontrol --json failed (%s), the text form worked: using it from now on",
-                        res.error,
-                    )
-                    self.json_failed = True
-                    bad += text[2]
-                    res, result = text[0], text[1]
+            res, result, bad = self._run_jobs()
         else:
             res, result, bad = self._attempt(name, self.commands[name], name)
         st.duration = res.duration

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # The exact command lines. tests/fixtures/slurm/capture.sh runs the same ones.
 # -O "Field:|" = no minimum width (no truncation) and "|" as suffix; Reason is last because
@@ -30,6 +31,13 @@ COMMANDS: dict[str, list[str]] = {
 # `scontrol --json`).
 JOB_JSON_COMMAND = ["scontrol", "show", "job", "-d", "--json"]
 JOB_SOURCES = ("auto", "json", "text")
+# JSON failures after which auto tries the text form (and keeps it).
+JOB_FALLBACK_ERRORS = ("exit_code", "parse", "output_limit")
+# Bytes of job records read per collection. They are parsed as they arrive and never held,
+# so this bounds a runaway command, not memory: 30,000 jobs are ~250 MiB of JSON.
+JOB_MAX_OUTPUT = 4 * 1024 * 1024 * 1024
+# Job ids with several text records asked for one by one per collection, at most.
+MAX_JOB_REQUERIES = 32
 JSON_MIN_VERSION = (24, 11)
 # Commands whose success means slurmctld answered (slurm_up).
 UP_COMMANDS = ("sinfo_nodes", "squeue")
@@ -101,8 +109,9 @@ TERMINAL_STATES = frozenset(
 # Why a job record was left out of the per-job series (slurm_exporter_job_records_rejected).
 REJECT_REASONS = (
     "malformed",  # not a record of the known layout
-    "ambiguous",  # free text holds a second complete record head: no way to tell which is real
-    "duplicate",  # the same job id twice (a line break in free text can forge a record)
+    "ambiguous",  # free text holds more record heads that squeue agrees with: which is real?
+    "duplicate",  # the same job id twice, squeue agrees with more than one (a line break in
+    # free text can forge a record; the collector asks scontrol for that job alone first)
     "bounds",  # hostlist or GRES indices beyond the bounds above
     "not_in_squeue",  # text records only: squeue does not list the job as alive
     "user_mismatch",  # text records only: squeue names another user
@@ -148,8 +157,12 @@ class NodeRow:
     reason: str | None
 
 
-@dataclass(frozen=True)
-class QueueRow:
+# The per-job rows are NamedTuples, not frozen dataclasses: several times cheaper to build
+# (a frozen dataclass sets each field through object.__setattr__), and a collection builds
+# one per job (bench/slurm_jobs_bench.py: 30,000 jobs read from JSON in half the time).
+
+
+class QueueRow(NamedTuple):
     """One line of ``squeue -r --states=all -o %A|%i|%T|%P|%u|%a|%C|%D|%r``."""
 
     job_id: str
@@ -163,8 +176,7 @@ class QueueRow:
     reason: str
 
 
-@dataclass(frozen=True)
-class NodeAlloc:
+class NodeAlloc(NamedTuple):
     """GPUs one job holds on one node (from a ``Nodes=... GRES=...`` detail segment)."""
 
     node: str
@@ -172,8 +184,7 @@ class NodeAlloc:
     indices: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class JobDetail:
+class JobDetail(NamedTuple):
     """One job record (``scontrol show job -d -o`` or ``--json``).
 
     ``allocations`` are filled for RUNNING jobs only: no other job's GPUs are exported.
@@ -199,12 +210,16 @@ class JobList(list[JobDetail]):
         super().__init__(jobs)
         self.source = source
         self.rejected: Counter[str] = Counter()
+        # Text form: job id -> its records, each the jobs its heads describe, where that is
+        # not exactly one record with one head (free text forged a head or a record).
+        self.unresolved: dict[str, list[tuple[JobDetail, ...]]] = {}
 
     @property
     def unusable(self) -> bool:
         """Output with records, none of them in a known layout (a format change, not an attack)."""
         return (
             not self
+            and not self.unresolved
             and self.rejected["malformed"] > 0
             and sum(self.rejected.values()) == self.rejected["malformed"]
         )

@@ -21,7 +21,7 @@ import re
 import time
 
 import pytest
-from conftest import exp, fixture_text
+from conftest import exp, fixture_text, runner_for
 
 SEED = 20261125
 ITERATIONS = 300
@@ -186,6 +186,77 @@ def test_free_text_never_changes_attribution():
         outcomes["identical" if got_attr == clean_attr else "dropped"] += 1
     # Most mutations change nothing at all; the fuzz did reach both outcomes.
     assert outcomes["identical"] > ITERATIONS // 2 and outcomes["dropped"] > 0
+
+
+def mutate_one_field(rng: random.Random, records: dict[str, str]) -> tuple[str, str, set[str]]:
+    """Write junk into one free-text field of one record; (job id, field, junk kinds)."""
+    job_id = rng.choice(sorted(records))
+    line = records[job_id]
+    value, kinds = junk(rng, sorted(records))
+    if rng.random() < 0.3:
+        # A clone of another job's record, all that squeue shows of it, other GPUs.
+        victim = records[rng.choice(sorted(records))]
+        clone = re.sub(r"IDX:[0-9-]+", "IDX:0-7", victim).replace("Nodes=", "Nodes=x", 1)
+        value, kinds = f"x\n{clone}", {"newline"}
+    field = rng.choice(["JobName", *FREE_TEXT_KEYS, "Comment"])
+    if field == "JobName":
+        start = line.index("JobName=") + len("JobName=")
+        end = line.index(" UserId=", start)
+    elif field == "Comment":
+        at = line.index(" StdErr=") if " StdErr=" in line else len(line)
+        line = f"{line[:at]} Comment= {line[at:]}"
+        start = end = at + len(" Comment=")
+    else:
+        m = re.search(rf"(?<= ){field}=(\S*)", line)
+        if m is None:
+            return job_id, field, set()
+        start, end = m.start(1), m.end(1)
+    records[job_id] = line[:start] + value + line[end:]
+    return job_id, field, kinds
+
+
+def collected_jobs(capture: str, records: dict[str, str]) -> dict[str, tuple]:
+    """What the collector keeps from a job table made of ``records``: the whole table, and
+    `scontrol show job -d -o ID` answered with that job's own record (issue 26 finding 2)."""
+    base = runner_for(capture, texts={"scontrol_jobs": "\n".join(records.values()) + "\n"})
+    table = exp.COMMANDS["scontrol_jobs"]
+
+    def run(argv: list[str], timeout: float) -> exp.CommandResult:
+        if argv[:-1] == table:
+            return exp.CommandResult(records.get(argv[-1], "") + "\n", 0.01, None)
+        return base(argv, timeout)
+
+    collector = exp.Collector(runner=run, job_source="text")
+    collector.collect()
+    jobs = collector.status["scontrol_jobs"].result
+    kept, _ = exp.verify_jobs(jobs, collector.status["squeue"].result)
+    return view(kept)
+
+
+def test_free_text_of_one_job_never_changes_another_jobs_values():
+    """Seeded, bounded: random user text (forged heads, forged records with other jobs' ids,
+    key=value fragments, separators) in any one free-text field of one job never changes
+    or removes any other job's parsed values, and leaves the writer's own job as it was
+    unless a line break in its name cuts its own record before its head."""
+    rng = random.Random(f"{SEED}-one-field")
+    lost_own = 0
+    for _ in range(ITERATIONS // 2):
+        capture = rng.choice(sorted(CAPTURES))
+        lines = [x for x in CAPTURES[capture].split("\n") if x.startswith("JobId=")]
+        clean = {re.match(r"JobId=(\d+)", x).group(1): x for x in lines}
+        before = collected_jobs(capture, clean)
+        records = dict(clean)
+        job_id, field, kinds = mutate_one_field(rng, records)
+        after = collected_jobs(capture, records)
+        for other, value in before.items():
+            if other != job_id:
+                assert after.get(other) == value, (other, field, records[job_id])
+        assert set(after) <= set(before)
+        if field == "JobName" and "newline" in kinds:
+            lost_own += job_id not in after
+        else:
+            assert after.get(job_id) == before.get(job_id), (field, records[job_id])
+    assert lost_own > 0  # the fuzz did write line breaks into names
 
 
 def mutate_anywhere(rng: random.Random, text: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 
 import pytest
 from conftest import FILES, FIXTURES, assert_samples, exp, fixture_text, metric_samples, runner_for
@@ -242,6 +243,104 @@ def test_auto_falls_back_to_text_when_json_fails():
     calls.clear()
     c.collect()
     assert "scontrol_jobs_json" not in calls  # text from now on
+
+
+def test_auto_falls_back_to_text_when_json_passes_the_output_bound():
+    """Issue 26 finding 3: at ~27,000 jobs the JSON passed the 256 MiB cap and every per-job
+    series went, each cycle; auto did not fall back. A small bound stands in for it here."""
+    cap = 32 * 1024  # the 24.11 captures: JSON 62 KB, text 7 KB (8.4 KB and ~1 KB a job)
+    calls: list[str] = []
+    c = exp.Collector(runner=runner_for("24.11", calls=calls), job_max_output=cap)
+    m = metric_samples(c.collect().decode())
+    text = metric_samples(
+        exp.Collector(runner=runner_for("24.11"), job_source="text").collect().decode()
+    )
+    assert "scontrol_jobs_json" in calls and "scontrol_jobs" in calls
+    assert m['slurm_exporter_job_source_info{source="text"}'] == 1
+    assert m["slurm_exporter_job_series"] == text["slurm_exporter_job_series"] > 0
+    reason = 'command="scontrol_jobs",reason="output_limit"'
+    assert m[f"slurm_exporter_command_errors_total{{{reason}}}"] == 1  # counted, and logged
+    assert c.json_failed
+    # Forced json has no fallback: the bound is an error, and no stale job series.
+    c = exp.Collector(runner=runner_for("24.11"), job_source="json", job_max_output=cap)
+    m = metric_samples(c.collect().decode())
+    assert m['slurm_exporter_command_success{command="scontrol_jobs"}'] == 0
+    assert "slurm_exporter_job_series" not in m
+
+
+def test_job_records_are_parsed_as_they_arrive(tmp_path):
+    """The real runner hands scontrol's output over in chunks; nothing holds it whole."""
+    text = fixture_text("22.05", "scontrol_jobs.txt")
+    chunks: list[bytes] = []
+    res = exp.run_command(
+        ["cat", str(FIXTURES / "22.05" / "scontrol_jobs.txt")], 5.0, sink=chunks.append
+    )
+    assert res.error is None and res.stdout == "" and b"".join(chunks) == text.encode()
+    big = exp.run_command(
+        ["sh", "-c", "yes | head -c 300000"], 5.0, max_output=100000, sink=chunks.append
+    )
+    assert big.error == "output_limit"
+    reader = exp.TextJobReader()
+    data = text.encode()
+    for i in range(len(data)):  # byte by byte: lines and UTF-8 split anywhere
+        reader.feed(data[i : i + 1])
+    assert reader.finish()[0] == exp.parse_scontrol_jobs(text)[0]
+    doc = fixture_text("24.11", "scontrol_jobs_json.txt").encode()
+    json_reader = exp.JsonJobReader()
+    for i in range(0, len(doc), 7):
+        json_reader.feed(doc[i : i + 7])
+    assert json_reader.finish()[0] == exp.parse_scontrol_jobs_json(doc.decode())[0]
+    cut = exp.JsonJobReader()
+    cut.feed(doc[: len(doc) // 2])
+    jobs, bad = cut.finish()
+    assert bad == 1 and not jobs and jobs.unusable  # a cut-off table is no table
+
+
+def test_a_cloned_record_is_settled_by_asking_scontrol_for_that_job():
+    """A line break in job 7's StdOut forges a record with all that squeue shows of job 6
+    but other GPUs: the collector asks `scontrol show job -d -o 6` and keeps its real one."""
+    base = fixture_text("22.05", "scontrol_jobs.txt")
+    six = next(x for x in base.split("\n") if x.startswith("JobId=6 "))
+    clone = six.replace("Nodes=vm", "Nodes=gpu09").rstrip()
+    text = base.replace("StdOut=/tmp/slurmtest/jobs/slurm-7.out", "StdOut=/x\n" + clone, 1)
+    plain = runner_for("22.05", texts={"scontrol_jobs": text})
+    asked: list[list[str]] = []
+
+    def run(argv, timeout):
+        if argv[:-1] == exp.COMMANDS["scontrol_jobs"]:
+            asked.append(argv)
+            return exp.CommandResult(six + "\n", 0.01, None)
+        return plain(argv, timeout)
+
+    m = metric_samples(exp.Collector(runner=run).collect().decode())
+    clean = metric_samples(exp.Collector(runner=fixture_runner("22.05")).collect().decode())
+    assert asked == [[*exp.COMMANDS["scontrol_jobs"], "6"]]
+    assert not any("gpu09" in k for k in m)
+    assert {k: v for k, v in m.items() if k.startswith("slurm_job_")} == {
+        k: v for k, v in clean.items() if k.startswith("slurm_job_")
+    }
+    assert m['slurm_exporter_job_records_rejected{reason="duplicate"}'] == 0
+
+
+def test_asking_for_single_jobs_keeps_within_one_command_timeout():
+    """Forged records for many ids cannot stretch the cycle: one timeout for all the asks."""
+    base = fixture_text("22.05", "scontrol_jobs.txt")
+    lines = [x for x in base.split("\n") if x.startswith("JobId=")]
+    text = base + "\n".join(lines) + "\n"  # every id twice
+    plain = runner_for("22.05", texts={"scontrol_jobs": text})
+    asked: list[str] = []
+
+    def run(argv, timeout):
+        if argv[:-1] == exp.COMMANDS["scontrol_jobs"]:
+            asked.append(argv[-1])
+            time.sleep(0.1)
+            return exp.CommandResult("", 0.1, None)
+        return plain(argv, timeout)
+
+    start = time.monotonic()
+    exp.Collector(runner=run, command_timeout=0.35).collect()
+    assert 2 <= len(asked) <= 5 < len(lines)
+    assert time.monotonic() - start < 3
 
 
 def test_forced_job_sources():
