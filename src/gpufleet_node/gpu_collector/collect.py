@@ -72,8 +72,10 @@ def collect_gpu_samples(
         return samples, gpus, False
     resolver = SluidResolver(args.proc_root)
     root = getattr(args, "slurm_cgroup_root", "")
-    jobs = jobs_by_gpu(apps, lambda pid: job_of_pid(args.proc_root, pid, resolver, root))
-    return samples + compute_app_samples(gpus, apps, jobs, resolver.ids), gpus, True
+    rejected: set[int] = set()
+    jobs = jobs_by_gpu(apps, lambda pid: job_of_pid(args.proc_root, pid, resolver, root, rejected))
+    samples += compute_app_samples(gpus, apps, jobs, resolver.ids)
+    return [*samples, Sample("job_cgroups_rejected", (), float(len(rejected)))], gpus, True
 
 
 class Collector:

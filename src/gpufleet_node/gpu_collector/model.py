@@ -159,6 +159,10 @@ FAMILIES: dict[str, str] = {
         "not_kernel (not the kernel's own record), unanchored (the text is not at the start "
         "of the record, e.g. inside a user-chosen cgroup path), malformed."
     ),
+    "job_cgroups_rejected": (
+        "GPU compute processes in the last cycle whose cgroup looks like a Slurm job's "
+        "(job_<id>, slurmstepd.scope) but is not in slurmd's own hierarchy: attributed to no job."
+    ),
     "collector_success": "1 if the last collection succeeded, else 0.",
     "collector_error_info": "Reason of the last collection failure; value is 1.",
     "collector_last_success_timestamp_seconds": "Unix time of the last successful collection.",

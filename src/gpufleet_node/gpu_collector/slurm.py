@@ -72,6 +72,18 @@ def parse_slurm_cgroup(text: str, root: str = "") -> CgroupJob | None:
     return jobs.pop() if len(jobs) == 1 else None
 
 
+def looks_like_slurm_job(text: str) -> bool:
+    """Whether any /proc/PID/cgroup line has a component shaped like slurmd's own
+    (job_<id>, [<node>_]slurmstepd.scope): when parse_slurm_cgroup found no job there,
+    the cgroup was made outside slurmd's hierarchy (a user, a container), or slurmd runs
+    under a cgroup root the collector was not given (--slurm-cgroup-root)."""
+    return any(
+        JOB_DIR_RE.fullmatch(name) or SLURM_V2_SCOPE_RE.fullmatch(name)
+        for line in text.split("\n")
+        for name in cgroup_line_path(line).split("/")
+    )
+
+
 def cgroup_line_path(line: str) -> str:
     """'12:freezer:/slurm/uid_1/job_3' or '0::/system.slice/...' -> the path, else ''."""
     parts = line.split(":", 2)
@@ -209,12 +221,20 @@ class JobRef(NamedTuple):
 
 
 def job_of_pid(
-    proc_root: str, pid: int, resolver: SluidResolver | None = None, cgroup_root: str = ""
+    proc_root: str,
+    pid: int,
+    resolver: SluidResolver | None = None,
+    cgroup_root: str = "",
+    rejected: set[int] | None = None,
 ) -> JobRef | None:
+    """The Slurm job of a GPU process; pid goes into ``rejected`` when its cgroup looks
+    like a job's but is not one slurmd made (node_gpu_job_cgroups_rejected)."""
     pid_dir = os.path.join(proc_root, str(pid))
     text = _read_text(os.path.join(pid_dir, "cgroup"), CGROUP_MAX_BYTES) or ""
     parsed = parse_slurm_cgroup(text, cgroup_root)
     if parsed is None:
+        if rejected is not None and looks_like_slurm_job(text):
+            rejected.add(pid)
         return None
     uid = parsed.uid
     if uid is None:

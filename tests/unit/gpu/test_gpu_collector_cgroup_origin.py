@@ -107,6 +107,39 @@ def test_end_to_end_forged_cgroups_get_no_job_series(fake_smi, run_collector, tm
     assert jobs == [1]
     assert 'job_id="5"' in text and 'job_id="77"' not in text and 'job_id="88"' not in text
     assert values_of(text, "node_gpu_compute_processes", gpu="0") == [3]
+    # the two forged ones are counted, for GpuJobCgroupRejected
+    assert values_of(text, "node_gpu_job_cgroups_rejected") == [2]
+
+
+def test_processes_outside_any_job_shape_are_not_counted_as_rejected(
+    fake_smi, run_collector, tmp_path
+):
+    proc = tmp_path / "proc"
+    _proc(proc, 4250, "0::/user.slice/user-1000.slice/session-3.scope\n", uid=1000)
+    _proc(proc, 4251, "0::/system.slice/slurmstepd.scope/job_5/step_0/user/task_0\n", uid=0)
+    fake_smi.set(apps="4250:0,4251:0")
+    text = run_collector("--proc-root", str(proc))
+    assert values_of(text, "node_gpu_job_cgroups_rejected") == [0]
+
+
+@pytest.mark.parametrize("line", FORGED, ids=range(len(FORGED)))
+def test_user_made_job_shaped_cgroups_look_like_jobs(line):
+    """What parse_slurm_cgroup refuses above is what the rejected gauge counts."""
+    assert gc.looks_like_slurm_job(line + "\n")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "0::/user.slice/user-1000.slice/session-3.scope\n",
+        "0::/system.slice/sshd.service\n",
+        "4:memory:/slurm/uid_0\n",  # slurmd's own level above the jobs
+        "0::/user.slice/job_x/jobs_5/my_slurmstepd.scopes\n",
+        "",
+    ],
+)
+def test_cgroups_without_a_job_shaped_name_do_not(text):
+    assert not gc.looks_like_slurm_job(text)
 
 
 # --------------------------------------------------------------- property tests
@@ -159,6 +192,7 @@ def test_property_valid_fragments_count_only_at_the_root():
         assert gc.parse_slurm_cgroup(f"{head}:{fragment}\n") == job, fragment
         prefix = _prefix(rng)
         assert gc.parse_slurm_cgroup(f"{head}:{prefix}{fragment}\n") is None, prefix + fragment
+        assert gc.looks_like_slurm_job(f"{head}:{prefix}{fragment}\n"), prefix + fragment
         # the same prefix as the configured root makes it a job again
         assert gc.parse_slurm_cgroup(f"{head}:{prefix}{fragment}\n", prefix) == job
         # a named (v1, no controller) hierarchy never counts
