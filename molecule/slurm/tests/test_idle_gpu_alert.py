@@ -259,7 +259,14 @@ def test_a_finished_jobs_summary_answers_after_its_series_are_gone(ctl, jobs, tm
     shim.chmod(0o755)
     env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}")
     report = jobstats(ctl, job, env)
-    assert report["running"] is False and report["verdict"] == live["verdict"] == "good"
+    # Where the job's series came back from, if they did: the exporter's own view.
+    why = ctl.run(
+        f"curl -fsS http://127.0.0.1:9341/metrics | grep -E 'job_id=\"{job}\"|command_errors'"
+        "; journalctl -u gpufleet-slurm-exporter -n 20 --no-pager; squeue; "
+        f"scontrol show job {job} | head -3"
+    ).stdout
+    assert report["running"] is False, why
+    assert report["verdict"] == live["verdict"] == "good"
     assert any("AdminComment" in source for source in report["sources"]), report["sources"]
     want, got = figures(live), figures(report)
     assert got.keys() == want.keys() and len(got) == 2
