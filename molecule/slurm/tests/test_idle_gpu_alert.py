@@ -246,6 +246,18 @@ def test_a_finished_jobs_summary_answers_after_its_series_are_gone(ctl, jobs, tm
     sacct = f"sacct -j {job} -X -n -P -o AdminComment"
     stored = eventually(lambda: ctl.check_output(sacct).startswith("GF1:"), 90, interval=2)
     assert stored, ctl.run(f"{sacct}; journalctl -u slurmctld -n 30 --no-pager").stdout
+    # The exporter serves its last good job table while scontrol fails (up to
+    # --max-stale): on a loaded host a 3 s command timeout can keep the ended job in it
+    # for a while, and a scrape after the deletion below would bring its series back.
+    # Wait until the exporter itself no longer lists the job.
+    gone = eventually(
+        lambda: (
+            f'job_id="{job}"' not in ctl.check_output("curl -fsS http://127.0.0.1:9341/metrics")
+        ),
+        120,
+        interval=2,
+    )
+    assert gone, ctl.run("journalctl -u gpufleet-slurm-exporter -n 20 --no-pager").stdout
 
     match = urllib.parse.urlencode({"match[]": f'{{job_id="{job}"}}'})
     for path in (f"delete_series?{match}", "clean_tombstones"):
