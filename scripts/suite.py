@@ -8,9 +8,11 @@
 The machine has two cores, and a molecule scenario leaves much of one idle while its hosts
 boot, its services start and its tests wait on real durations. So the scenarios run in
 SCENARIO_LANES lanes side by side, the longest first (EXPECTED_SECONDS), beside one lane
-of checks: the unit tests, ansible-lint, and the ansible-core floor (its unit tests of what
-goes through Ansible's own parsing and templating, and the default scenario); when the
-checks are done, that lane takes the scenarios still waiting too.
+of checks: the unit tests, ansible-lint, and the ansible-core top (its unit tests of what
+goes through Ansible's own parsing and templating, and the multi-host gpu_node scenario, in
+a venv of its own on Python 3.12+); when the checks are done, that lane takes the
+scenarios still waiting too. Everything else runs in .venv, which scripts/bootstrap fills
+with ansible-core's floor (playbooks/vars/ansible_core.yml).
 
 Every part's output goes to its own log, printed whole when the part ends (lanes never
 interleave their lines). At the end comes the time table: every part with its wall time,
@@ -22,9 +24,11 @@ hung scenario is killed and reported, not left to eat CI's 90 minutes.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,12 +37,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import tomllib
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 TIMES_DIR = REPO / ".cache" / "test-times"
-FLOOR_VENV = REPO / ".cache" / "venv-floor"
+TOP_VENV = REPO / ".cache" / "venv-top"
+# The ansible-core range, floor to top: the one place it is set.
+ANSIBLE_CORE_RANGE = REPO / "playbooks" / "vars" / "ansible_core.yml"
+# ansible-core 2.20+ runs on Python 3.12+: the top's venv takes the newest one found.
+TOP_PYTHONS = ["3.14", "3.13", "3.12"]
+# The multi-host scenario the top runs (in the checks lane; a full run leaves it out of the
+# scenario lanes, whose hosts would clash with it).
+TOP_SCENARIO = "gpu_node"
 SCENARIO_LANES = 2
 # Wall seconds of each scenario in the last measured full run (docs/testing.md): the
 # longest start first, so the lanes end together. A scenario not listed counts as 600 s.
@@ -57,8 +67,8 @@ EXPECTED_SECONDS = {
 # its quiet time (exporter_firewall, killed at 3 times while its verify still ran).
 DEADLINE_FACTOR = 4
 DEADLINE_FLOOR = 2400
-# The floor reruns the unit tests of what goes through Ansible's own parsing and templating.
-FLOOR_UNIT_TESTS = [
+# The top reruns the unit tests of what goes through Ansible's own parsing and templating.
+TOP_UNIT_TESTS = [
     "tests/unit/inventory",
     "tests/unit/test_filters.py",
     "tests/unit/test_web_access.py",
@@ -223,33 +233,74 @@ def scenario_lane(lane: str, queue: list[str], lock: threading.Lock, logs: Path)
         )
 
 
-def floor_version() -> str:
-    with (REPO / "pyproject.toml").open("rb") as handle:
-        deps = " ".join(tomllib.load(handle)["project"]["dependencies"])
-    match = re.search(r"ansible-core>=([0-9.]+)", deps)
-    if not match:
-        raise SystemExit("suite: pyproject.toml names no ansible-core floor (ansible-core>=X)")
-    return match.group(1)
+def top_version() -> str:
+    top = yaml.safe_load(ANSIBLE_CORE_RANGE.read_text()).get("gpufleet_ansible_core_top")
+    if not re.fullmatch(r"2\.[0-9]+", str(top)):
+        raise SystemExit(f"suite: {ANSIBLE_CORE_RANGE} names no gpufleet_ansible_core_top (2.N)")
+    return str(top)
 
 
-def floor_env() -> dict[str, str]:
+def top_python() -> str | None:
+    """The newest Python 3.12+ here: python3.N on PATH (one that runs: a pyenv shim of a
+    version not selected does not), else a pyenv-installed one."""
+    pyenv = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    for version in TOP_PYTHONS:
+        candidates = [shutil.which(f"python{version}")]
+        candidates += sorted(glob.glob(f"{pyenv}/versions/{version}.*/bin/python{version}"))[::-1]
+        for candidate in candidates:
+            if candidate and _runs_venv(candidate):
+                return candidate
+    return None
+
+
+def _runs_venv(python: str) -> bool:
+    try:
+        probe = subprocess.run(
+            [python, "-c", "import ensurepip, venv"], capture_output=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+def top_env() -> dict[str, str]:
     env = dict(os.environ)
-    env["VIRTUAL_ENV"] = str(FLOOR_VENV)
-    env["PATH"] = f"{FLOOR_VENV / 'bin'}:{env['PATH']}"
+    env["VIRTUAL_ENV"] = str(TOP_VENV)
+    env["PATH"] = f"{TOP_VENV / 'bin'}:{env['PATH']}"
     return env
 
 
-def checks_lane(logs: Path, floor: str) -> None:
-    """Unit tests, ansible-lint, then the floor; the floor's venv installs meanwhile."""
-    venv: subprocess.Popen | None = None
-    if floor:
-        script = (
-            f"[ -x {FLOOR_VENV}/bin/python ] || python3 -m venv {FLOOR_VENV}; "
-            f"{FLOOR_VENV}/bin/python -m pip install -q -e '.[test]' 'ansible-core=={floor}.*'"
+def top_venv_script(top: str) -> str:
+    """The top's venv: made with the newest Python 3.12+ here, or, where there is none
+    (Debian 12 has 3.11 only), with a Python that uv downloads; then gpufleet with its
+    test extra and ansible-core's top."""
+    python = top_python()
+    make = (
+        f"{python} -m venv {TOP_VENV}"
+        if python
+        else (
+            f"echo 'suite: no Python {' or '.join(TOP_PYTHONS)} here: uv downloads one'; "
+            f"{sys.executable} -m venv {REPO}/.cache/venv-uv && "
+            f"{REPO}/.cache/venv-uv/bin/python -m pip install -q uv && "
+            f"{REPO}/.cache/venv-uv/bin/uv venv -q --seed --python {TOP_PYTHONS[1]} {TOP_VENV}"
         )
-        venv_log = (logs / "floor-venv.log").open("w")
+    )
+    return (
+        f"set -e; [ -x {TOP_VENV}/bin/python ] || {{ {make}; }}; "
+        f"{TOP_VENV}/bin/python -m pip install -q -e '.[test]' 'ansible-core=={top}.*'"
+    )
+
+
+def checks_lane(logs: Path, top: str) -> None:
+    """Unit tests, ansible-lint, then the top; the top's venv installs meanwhile."""
+    venv: subprocess.Popen | None = None
+    if top:
+        venv_log = (logs / "top-venv.log").open("w")
         venv = subprocess.Popen(
-            ["bash", "-c", script], cwd=REPO, stdout=venv_log, stderr=subprocess.STDOUT
+            ["bash", "-c", top_venv_script(top)],
+            cwd=REPO,
+            stdout=venv_log,
+            stderr=subprocess.STDOUT,
         )
     run_part(
         ["pytest", "-q", "-n", "1", "-p", "no:cacheprovider", "tests"], "unit tests", "checks", logs
@@ -259,19 +310,19 @@ def checks_lane(logs: Path, floor: str) -> None:
         return
     venv_start = now()
     if venv.wait() != 0:
-        part = Part("floor venv", "checks", start=venv_start, end=now(), rc=1)
-        part.log = logs / "floor-venv.log"
+        part = Part(f"top {top}: venv", "checks", start=venv_start, end=now(), rc=1)
+        part.log = logs / "top-venv.log"
         parts.append(part)
-        say((logs / "floor-venv.log").read_text())
+        say((logs / "top-venv.log").read_text())
         return
-    env = floor_env()
+    env = top_env()
     version = subprocess.run(
         ["ansible", "--version"], env=env, capture_output=True, text=True, check=False
     ).stdout.splitlines()[:1]
-    say(f"== [checks] the floor: {' '.join(version)}")
+    say(f"== [checks] the top: {' '.join(version)}")
     unit = run_part(
-        ["pytest", "-q", "-n", "1", "-p", "no:cacheprovider", *FLOOR_UNIT_TESTS],
-        f"floor {floor}: unit tests",
+        ["pytest", "-q", "-n", "1", "-p", "no:cacheprovider", *TOP_UNIT_TESTS],
+        f"top {top}: unit tests",
         "checks",
         logs,
         env=env,
@@ -286,20 +337,20 @@ def checks_lane(logs: Path, floor: str) -> None:
             "-k",
             "inventory",
         ],
-        f"floor {floor}: jobstats -i",
+        f"top {top}: jobstats -i",
         "checks",
         logs,
         env=env,
     )
     if unit.rc == 0 and jobstats.rc == 0:
         run_part(
-            ["molecule", "test", "-s", "default"],
-            f"floor {floor}: scenario default",
+            ["molecule", "test", "-s", TOP_SCENARIO],
+            f"top {top}: scenario {TOP_SCENARIO}",
             "checks",
             logs,
             env=env,
-            deadline=scenario_deadline("default"),
-            scenario="default",
+            deadline=scenario_deadline(TOP_SCENARIO),
+            scenario=TOP_SCENARIO,
         )
 
 
@@ -416,10 +467,9 @@ def main(argv: list[str]) -> int:
             return 2
         scenarios = list(argv)
     else:
-        # A full run's default scenario runs under the ansible-core floor only: the newest
-        # ansible-core runs node_exporter's package path in slurm and cluster.
-        scenarios = [s for s in all_scenarios() if s != "default"]
-    floor = floor_version() if full else ""
+        # A full run's top scenario runs under the ansible-core top only (the checks lane).
+        scenarios = [s for s in all_scenarios() if s != TOP_SCENARIO]
+    top = top_version() if full else ""
 
     images: threading.Thread | None = None
     if scenarios or full:
@@ -439,7 +489,7 @@ def main(argv: list[str]) -> int:
 
     def checks_then_scenarios() -> None:
         # The checks end long before the scenarios: then this lane takes scenarios too.
-        checks_lane(logs, floor)
+        checks_lane(logs, top)
         scenario_lane("checks", queue, lock, logs)
 
     lanes = [threading.Thread(target=checks_then_scenarios)]
