@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 import re
 import sys
 
 from ansible.errors import AnsibleError, AnsibleParserError
-from ansible.module_utils.common.text.converters import to_text
-from ansible.parsing.dataloader import DataLoader
 from ansible.plugins.inventory import BaseInventoryPlugin, Constructable
 
 try:
@@ -18,7 +15,7 @@ try:
     from gpufleet.limits import (
         CONSTRUCT_DEADLINE_S,
         MAX_CONSTRUCTED_GROUPS,
-        check_regular_file,
+        read_file_text,
     )
     from gpufleet.nodelist import (
         NODE_LIST_SUFFIXES,
@@ -39,7 +36,7 @@ except ImportError:  # running from a checkout without `pip install -e .`
     from gpufleet.limits import (
         CONSTRUCT_DEADLINE_S,
         MAX_CONSTRUCTED_GROUPS,
-        check_regular_file,
+        read_file_text,
     )
     from gpufleet.nodelist import (
         NODE_LIST_SUFFIXES,
@@ -142,13 +139,9 @@ compose:
   node_exporter_port: 9100
 """
 
-# ansible-core 2.19 marks the strings of a plugin's own config file as trusted templates
-# (compose, groups, keyed_groups need it), as _read_config_data does; 2.18 has no such flag.
-_LOAD_OPTIONS = (
-    {"trusted_as_template": True}
-    if "trusted_as_template" in inspect.signature(DataLoader.load_from_file).parameters
-    else {}
-)
+# The strings of a plugin's own config file are trusted templates (compose, groups,
+# keyed_groups need it), as _read_config_data marks them.
+_LOAD_OPTIONS = {"trusted_as_template": True}
 
 
 class NodeListParserError(AnsibleParserError):
@@ -203,14 +196,15 @@ class InventoryModule(BaseInventoryPlugin, Constructable):
         constructed options and each entry's vars), and as gpufleet's strict loader reads
         the same text (decrypted by Ansible; duplicate keys refused, identifiers kept as
         written), which is what gpufleet validates. The file must be a regular file of
-        bounded size (never a FIFO or a device)."""
+        bounded size (never a FIFO or a device) and UTF-8, checked first: Ansible's
+        loader would escape what is not UTF-8, with a deprecation warning."""
         try:
-            check_regular_file(path)
+            read_file_text(path)
         except OSError as err:
             raise NodeListError(path, "", f"cannot read: {err.strerror or err}") from None
         try:
-            contents, _ = self.loader._get_file_contents(path)
-            strict = load_yaml(to_text(contents, errors="surrogate_or_strict"))
+            # str(): the plain text of Ansible's tagged str, which PyYAML's C reader refuses
+            strict = load_yaml(str(self.loader.get_text_file_contents(path)))
         except YamlProblem as problem:
             raise NodeListError(path, problem.where, problem.problem) from None
         except Exception as err:  # any loader failure becomes one line

@@ -65,16 +65,6 @@ def too_large(limit: int) -> OSError:
     return OSError(errno.EFBIG, f"larger than {size_text(limit)} (the limit)")
 
 
-def check_regular_file(path: str, limit: int = MAX_FILE_BYTES) -> None:
-    """Raise OSError unless ``path`` (symlinks followed) is a regular file of at most ``limit``
-    bytes. For files that someone else reads (Ansible reads the node list for the plugin)."""
-    info = os.stat(path)
-    if not stat.S_ISREG(info.st_mode):
-        raise not_regular(info.st_mode)
-    if info.st_size > limit:
-        raise too_large(limit)
-
-
 def read_file_text(path: str, limit: int = MAX_FILE_BYTES) -> str:
     """A regular file's UTF-8 text, at most ``limit`` bytes; OSError (with a one-line
     ``strerror``) otherwise. Opening never blocks (a FIFO), and a symlink to a device

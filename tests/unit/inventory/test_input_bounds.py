@@ -469,6 +469,15 @@ def test_node_list_fifo_does_not_hang_the_plugin(plugin, tmp_path: Path) -> None
     assert err.value.message == f"{path}: cannot read: not a regular file (a FIFO)"
 
 
+def test_node_list_not_utf8_is_one_line_in_the_plugin(plugin, tmp_path: Path) -> None:
+    # Checked before Ansible's loader, which would escape it with a deprecation warning.
+    path = tmp_path / "nodes.gpufleet.yml"
+    path.write_bytes(b"plugin: gpufleet\ncluster: c\n# \xff\nnodes: []\n")
+    with pytest.raises(AnsibleParserError) as err:
+        within(5, lambda: plugin.parse(InventoryData(), DataLoader(), str(path), cache=False))
+    assert err.value.message == f"{path}: cannot read: line 3: not valid UTF-8"
+
+
 # -- messages stay on one line; YAML that costs too much ---------------------------------------
 
 
