@@ -267,6 +267,7 @@ def top_env() -> dict[str, str]:
     env = dict(os.environ)
     env["VIRTUAL_ENV"] = str(TOP_VENV)
     env["PATH"] = f"{TOP_VENV / 'bin'}:{env['PATH']}"
+    env["ANSIBLE_DEPRECATION_WARNINGS"] = "1"  # fail_on_deprecations reads them
     return env
 
 
@@ -343,7 +344,7 @@ def checks_lane(logs: Path, top: str) -> None:
         env=env,
     )
     if unit.rc == 0 and jobstats.rc == 0:
-        run_part(
+        scenario = run_part(
             ["molecule", "test", "-s", TOP_SCENARIO],
             f"top {top}: scenario {TOP_SCENARIO}",
             "checks",
@@ -352,6 +353,23 @@ def checks_lane(logs: Path, top: str) -> None:
             deadline=scenario_deadline(TOP_SCENARIO),
             scenario=TOP_SCENARIO,
         )
+        fail_on_deprecations(scenario)
+
+
+def fail_on_deprecations(part: Part) -> None:
+    """A deprecation warning in a scenario's Ansible runs fails it: every playbook, role and
+    plugin those runs load is gpufleet's or ansible-core's own (no collections), so each
+    is a use of gpufleet's that the next ansible-core breaks (issue 27)."""
+    assert part.log is not None
+    lines = part.log.read_text(errors="replace").splitlines()
+    found = [line for line in lines if "[DEPRECATION WARNING]" in line]
+    if not found:
+        return
+    say(f"== [{part.lane}] {part.name}: {len(found)} deprecation warnings, the first ones:")
+    say("\n".join(list(dict.fromkeys(found))[:10]))
+    part.note += f" ({len(found)} deprecation warnings)"
+    if part.rc == 0:
+        part.rc = 1
 
 
 def all_scenarios() -> list[str]:
