@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 import types
 from pathlib import Path
 
@@ -184,3 +185,13 @@ def fake_path(monkeypatch, tmp_path):
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
     return bin_dir
+
+
+def wait_for(predicate, timeout: float = 5.0) -> bool:
+    """Whether predicate() became true within timeout seconds (polled every 50 ms)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()

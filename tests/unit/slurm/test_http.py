@@ -24,7 +24,7 @@ from pathlib import Path
 
 import bcrypt
 import pytest
-from conftest import EXPORTER, FIXTURES, exp, write_fake_slurm
+from conftest import EXPORTER, FIXTURES, exp, wait_for, write_fake_slurm
 from test_glue import start_exporter
 from test_web import answered, client_context, get, hashed, pki, server_tls, write_config
 
@@ -82,15 +82,6 @@ def closed_by_server(sock: socket.socket, within: float) -> bool:
         return True
     except OSError:  # a timeout (socket.timeout is no TimeoutError on Python 3.9)
         return False
-
-
-def wait_for(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def timed_get(url: str, *args) -> tuple[int, bytes, float]:

@@ -15,7 +15,7 @@ import types
 from collections.abc import Iterator
 
 import pytest
-from conftest import exp, metric_samples
+from conftest import exp, metric_samples, wait_for
 
 BODY = b"slurm_up 1\n" + b"# padding to make the answer large\n" * (8 * 1024 * 1024 // 34)
 WRITE_TIMEOUT = 3.0
@@ -66,15 +66,6 @@ def scrape(port: int, source: str = "127.0.0.1", path: str = "/metrics") -> tupl
     return head.split(b"\r\n", 1)[0], body
 
 
-def wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
 def drops(srv) -> dict[str, float]:
     """slurm_exporter_http_connections_dropped_total by reason, as a scrape reads it."""
     _, body = scrape(srv.server_address[1])
@@ -89,7 +80,7 @@ def hold_and_scrape(srv, sources: list[str]) -> None:
     readers = [slow_reader(port, sources[i % len(sources)]) for i in range(SLOW_READERS)]
     try:
         held = min(SLOW_READERS, len(sources) * srv.max_connections_per_address)
-        assert wait_for(lambda: srv.open_connections(phase="write") >= held)
+        assert wait_for(lambda: srv.open_connections(phase="write") >= held, timeout=10.0)
         time.sleep(1.2)  # past the grace a new answer gets before it may be replaced
         for _ in range(3):
             begin = time.monotonic()
@@ -129,7 +120,7 @@ def test_a_slow_reader_is_cut_at_the_write_deadline(server):
     s = slow_reader(port, "127.0.0.1")
     try:
         begin = time.monotonic()
-        assert wait_for(lambda: server.open_connections(phase="write") == 1)
+        assert wait_for(lambda: server.open_connections(phase="write") == 1, timeout=10.0)
         assert wait_for(lambda: server.open_connections() == 0, timeout=WRITE_TIMEOUT + 5.0)
         assert WRITE_TIMEOUT - 0.5 < time.monotonic() - begin < WRITE_TIMEOUT + 5.0
     finally:
@@ -184,12 +175,12 @@ def test_a_client_that_reads_keeps_its_slot_against_one_that_does_not():
     reading.start()
     stalled = slow_reader(port, "127.0.0.1")
     try:
-        assert wait_for(lambda: srv.open_connections(phase="write") == 2)
+        assert wait_for(lambda: srv.open_connections(phase="write") == 2, timeout=10.0)
         time.sleep(1.5)  # both past their grace
         status, body = scrape(port)
         assert status.endswith(b" 200 OK") and body.startswith(BODY)
         # Counted when the replaced connection's thread ends, a moment after.
-        assert wait_for(lambda: srv.dropped["slow_writer_replaced"] == 1), srv.dropped
+        assert wait_for(lambda: srv.dropped["slow_writer_replaced"] == 1, timeout=10.0), srv.dropped
         assert srv.refused == 0
         hurry.set()
         reading.join(timeout=20)
