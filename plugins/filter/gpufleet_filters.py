@@ -15,11 +15,13 @@ import bcrypt
 
 try:
     from gpufleet.inventory import prometheus_port
+    from gpufleet_node.gpu_collector.slurm import valid_cgroup_root
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(
         0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "src")
     )
     from gpufleet.inventory import prometheus_port
+    from gpufleet_node.gpu_collector.slurm import valid_cgroup_root
 
 # bcrypt's own base64 alphabet (not the standard one).
 _BCRYPT_ALPHABET = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
@@ -139,6 +141,11 @@ def _shard_groups(groups: Mapping[str, Any]) -> dict[int, list[str]]:
         if match:
             out[int(match.group(1))] = sorted({str(h) for h in hosts or []})
     return out
+
+
+def gpufleet_valid_cgroup_root(root: object) -> bool:
+    """The GPU collector's own rule for --slurm-cgroup-root: the preflight asks it."""
+    return valid_cgroup_root(str(root))
 
 
 def gpufleet_node_shards(groups: Mapping[str, Any]) -> dict:
@@ -370,6 +377,7 @@ class FilterModule:
             "gpufleet_prometheus_port": gpufleet_prometheus_port,
             "gpufleet_shard_targets": gpufleet_shard_targets,
             "gpufleet_node_shards": gpufleet_node_shards,
+            "gpufleet_valid_cgroup_root": gpufleet_valid_cgroup_root,
             "gpufleet_slurm_params": gpufleet_slurm_params,
             "gpufleet_firewall_sources": gpufleet_firewall_sources,
             "gpufleet_firewall_rules": gpufleet_firewall_rules,
