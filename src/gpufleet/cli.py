@@ -33,6 +33,7 @@ from gpufleet.nodelist import (
 )
 from gpufleet.sharding import diff_assignments, imbalance
 from gpufleet.shardlock import format_lock
+from gpufleet.sizing import DEFAULT_MAX_SERIES_PER_SHARD, PROMETHEUS_2_MAX_SERIES_PER_SHARD
 from gpufleet_node.numbers import strict_dumps
 
 EXIT_OK = 0
@@ -160,6 +161,12 @@ def format_budget_lines(report: dict[str, Any]) -> list[str]:
     budget = report["max_series_per_shard"]
     heaviest = max((row["series"] for row in report["shard_table"]), default=0)
     lines = [f"series budget per shard: {budget:,} (heaviest shard {heaviest / budget:.0%})"]
+    if budget == DEFAULT_MAX_SERIES_PER_SHARD:
+        # The default is sized for the 3.x the role installs; a 2.x server holds less.
+        lines.append(
+            "  (the Prometheus 3.x default; servers on 2.x: "
+            f"max_series_per_shard: {PROMETHEUS_2_MAX_SERIES_PER_SHARD})"
+        )
     for shard in report["over_budget"]:
         series = report["shard_table"][shard]["series"]
         lines.append(
@@ -195,9 +202,11 @@ def diff_report(old: NodeList, new: NodeList) -> dict[str, Any]:
     }
 
 
-def grouped(items: list[dict[str, Any]], keys: tuple[str, ...]) -> list[tuple[tuple, str]]:
+def grouped(
+    items: list[dict[str, Any]], keys: tuple[str, ...]
+) -> list[tuple[tuple[Any, ...], str]]:
     """Group hosts by the given keys and compress each group into a hostlist."""
-    groups: dict[tuple, list[str]] = {}
+    groups: dict[tuple[Any, ...], list[str]] = {}
     for item in items:
         groups.setdefault(tuple(item[k] for k in keys), []).append(item["host"])
     return [(key, hostlist.compress(hosts)) for key, hosts in sorted(groups.items())]

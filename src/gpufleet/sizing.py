@@ -42,25 +42,41 @@ SLURM_SERIES_PER_GPU = 3
 
 DEFAULT_CPUS = 64
 
-# The per-shard budget: RSS per head series (the benchmark measured 3.7-4.2 KiB with
-# Prometheus 2.42 after minutes of data; 5,000 bytes leaves room for a full 2-hour head),
-# and the stated server: half of a 64 GiB host for the head, the rest for queries,
-# compaction, WAL replay and the page cache.
-BYTES_PER_HEAD_SERIES = 5_000
+# The per-shard budget (docs/prometheus.md, "How big can a shard be"): RSS per head series
+# that the budget assumes, by Prometheus major line, and the stated server: half of a
+# 64 GiB host for the head, the rest for queries, compaction, WAL replay and the page
+# cache. Each figure is the highest RSS per head series bench/shard_scale_bench.py
+# measured on that line (250 to 1,000 nodes, minutes of data), plus 15 % for a full
+# 2-hour head that the benchmark does not build, rounded up to 100 bytes: Prometheus
+# 3.5.3 at most 3,103 bytes (2026-12-07), 2.42 at most 4,996 (2026-12-07, same machine
+# and hour; 4,343 on 2026-11-25, when 5,000 bytes was the budget). The role installs 3.x
+# (prometheus_version), so 3.x sizes the defaults; a site whose servers run 2.x
+# (prometheus_install_method: package on Debian 12 or 13) sets the node list's
+# monitoring.max_series_per_shard to PROMETHEUS_2_MAX_SERIES_PER_SHARD.
+BYTES_PER_HEAD_SERIES_BY_MAJOR = {3: 3_600, 2: 5_800}
+DEFAULT_PROMETHEUS_MAJOR = 3
+BYTES_PER_HEAD_SERIES = BYTES_PER_HEAD_SERIES_BY_MAJOR[DEFAULT_PROMETHEUS_MAJOR]
 REFERENCE_SERVER_BYTES = 64 * 2**30
 HEAD_SHARE_OF_MEMORY = 0.5
 BUDGET_ROUNDING = 100_000
-DEFAULT_MAX_SERIES_PER_SHARD = (
-    int(REFERENCE_SERVER_BYTES * HEAD_SHARE_OF_MEMORY / BYTES_PER_HEAD_SERIES)
-    // BUDGET_ROUNDING
-    * BUDGET_ROUNDING
-)
+
+
+def max_series_per_shard(major: int = DEFAULT_PROMETHEUS_MAJOR) -> int:
+    """The series budget of the reference server under Prometheus ``major``."""
+    head = REFERENCE_SERVER_BYTES * HEAD_SHARE_OF_MEMORY
+    per_series = BYTES_PER_HEAD_SERIES_BY_MAJOR[major]
+    return int(head / per_series) // BUDGET_ROUNDING * BUDGET_ROUNDING
+
+
+DEFAULT_MAX_SERIES_PER_SHARD = max_series_per_shard()
+PROMETHEUS_2_MAX_SERIES_PER_SHARD = max_series_per_shard(2)
 BUDGET_WARNING_RATIO = 0.8  # the PrometheusSeriesNearBudget alert's threshold
 # Rule evaluation grows with the GPUs a shard holds (the per-GPU rules). At 8,000 GPUs
 # (1,000 8-GPU nodes) the benchmark measured all groups at 5.1 s per 15 s cycle and the
-# slowest at 1.95 s on its 2-core machine: the largest shard it ran, the default limit
-# (monitoring.max_gpus_per_shard; gpufleet plan warns past it). Measure bigger servers
-# with bench/shard_scale_bench.py and raise it.
+# slowest at 1.95 s on its 2-core machine with 2.42, none missed with 3.5.3 either: the
+# largest shard it ran, the default limit for both lines (monitoring.max_gpus_per_shard;
+# gpufleet plan warns past it). Measure bigger servers with bench/shard_scale_bench.py
+# and raise it.
 DEFAULT_MAX_GPUS_PER_SHARD = 8_000
 
 

@@ -95,9 +95,36 @@ def test_dcgm_term_is_one_series_per_default_counter() -> None:
     assert len(counters) <= dcgm <= len(counters) + 1
 
 
-def test_default_budget_is_half_the_reference_server() -> None:
-    head = sizing.DEFAULT_MAX_SERIES_PER_SHARD * sizing.BYTES_PER_HEAD_SERIES
+@pytest.mark.parametrize("major", sorted(sizing.BYTES_PER_HEAD_SERIES_BY_MAJOR))
+def test_budget_is_half_the_reference_server(major: int) -> None:
+    head = sizing.max_series_per_shard(major) * sizing.BYTES_PER_HEAD_SERIES_BY_MAJOR[major]
     assert within(head, sizing.REFERENCE_SERVER_BYTES * sizing.HEAD_SHARE_OF_MEMORY, 0.02)
+
+
+def test_default_budget_is_sized_for_the_major_the_role_installs() -> None:
+    defaults = yaml.safe_load((ROOT / "roles/prometheus/defaults/main.yml").read_text())
+    assert defaults["prometheus_install_method"] == "binary"
+    major = int(str(defaults["prometheus_version"]).split(".")[0])
+    assert major == sizing.DEFAULT_PROMETHEUS_MAJOR
+    assert sizing.max_series_per_shard(major) == sizing.DEFAULT_MAX_SERIES_PER_SHARD
+    assert sizing.max_series_per_shard(2) == sizing.PROMETHEUS_2_MAX_SERIES_PER_SHARD
+    # 3.x holds more series in the same memory (measured: 0.62-0.68 times the bytes)
+    assert sizing.PROMETHEUS_2_MAX_SERIES_PER_SHARD < sizing.DEFAULT_MAX_SERIES_PER_SHARD
+
+
+def test_sizing_doc_states_the_budgets_sizing_computes() -> None:
+    """docs/prometheus.md quotes the figures; sizing.py is where they are set."""
+    doc = (ROOT / "docs" / "prometheus.md").read_text(encoding="utf-8")
+    section = doc.split("## How big can a shard be", 1)[1].split("\n## ", 1)[0]
+    for figure in (
+        f"{sizing.DEFAULT_MAX_SERIES_PER_SHARD:,}",
+        f"{sizing.PROMETHEUS_2_MAX_SERIES_PER_SHARD:,}",
+        f"max_series_per_shard: {sizing.PROMETHEUS_2_MAX_SERIES_PER_SHARD}",
+        f"{sizing.BYTES_PER_HEAD_SERIES_BY_MAJOR[3]:,} bytes",
+        f"{sizing.BYTES_PER_HEAD_SERIES_BY_MAJOR[2]:,} bytes",
+        f"{sizing.DEFAULT_MAX_GPUS_PER_SHARD:,}",
+    ):
+        assert figure in section, figure
 
 
 def test_estimate_adds_what_rules_record() -> None:

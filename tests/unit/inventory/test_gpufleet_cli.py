@@ -50,7 +50,13 @@ def test_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
 def test_plan_reports_the_series_budget(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_main(capsys, "plan", str(EXAMPLE))
     assert code == 0
-    assert "series budget per shard: 6,800,000 (heaviest shard " in out
+    from gpufleet.sizing import DEFAULT_MAX_SERIES_PER_SHARD, PROMETHEUS_2_MAX_SERIES_PER_SHARD
+
+    assert f"series budget per shard: {DEFAULT_MAX_SERIES_PER_SHARD:,} (heaviest shard " in out
+    assert (
+        "(the Prometheus 3.x default; servers on 2.x: "
+        f"max_series_per_shard: {PROMETHEUS_2_MAX_SERIES_PER_SHARD})"
+    ) in out
     assert "WARNING" not in out
 
 
