@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import os
 import sys
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,18 +45,22 @@ class Access:
 
 def _file_vars(node_list: NodeList, names: Iterable[str]) -> dict[str, dict[str, Any]]:
     """KEYS of each host as Ansible sees them (plugin host vars, group_vars, host_vars)."""
-    from ansible import constants as C
-    from ansible.cli import CLI
-    from ansible.inventory.group import Group
-    from ansible.inventory.host import Host
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.plugins.loader import init_plugin_loader
-    from ansible.template import Templar
-    from ansible.utils.vars import combine_vars
-    from ansible.vars.plugins import get_vars_from_path
+    with warnings.catch_warnings():
+        # Warnings of Ansible's own imports (cryptography 51 deprecates the DSA support
+        # ansible-core's SSH agent imports) are not gpufleet's: its output stays one line.
+        warnings.filterwarnings("ignore", module=r"ansible(\.|$)")
+        from ansible import constants as C
+        from ansible.cli import CLI
+        from ansible.inventory.group import Group
+        from ansible.inventory.host import Host
+        from ansible.parsing.dataloader import DataLoader
+        from ansible.plugins.loader import init_plugin_loader
+        from ansible.template import Templar
+        from ansible.utils.vars import combine_vars
+        from ansible.vars.plugins import get_vars_from_path
 
-    if not any(type(finder).__name__ == "_AnsibleCollectionFinder" for finder in sys.meta_path):
-        init_plugin_loader()  # as Ansible's CLIs do; the vars plugins load through it
+        if not any(type(f).__name__ == "_AnsibleCollectionFinder" for f in sys.meta_path):
+            init_plugin_loader()  # as Ansible's CLIs do; the vars plugins load through it
     loader = DataLoader()
     once: dict[str, bool] = {}
     if "initialize_context" in inspect.signature(CLI.setup_vault_secrets).parameters:
