@@ -29,7 +29,9 @@ ITERATIONS = 300
 # bound: generous for slow CI machines (typical: milliseconds).
 TIME_PER_PARSE = 2.0
 
-CAPTURES = {d: fixture_text(d, "scontrol_jobs.txt") for d in ("22.05", "22.05-after", "24.11")}
+CAPTURES = {
+    d: fixture_text(d, "scontrol_jobs.txt") for d in ("22.05", "22.05-after", "24.11", "26.05")
+}
 QUEUES = {d: exp.parse_squeue(fixture_text(d, "squeue.txt"))[0] for d in CAPTURES}
 FREE_TEXT_KEYS = ("Command", "WorkDir", "StdErr", "StdIn", "StdOut", "Features")
 
@@ -280,11 +282,11 @@ def mutate_anywhere(rng: random.Random, text: str) -> str:
 
 
 PARSER_INPUTS = {
-    "sinfo_nodes": ("22.05", "synthesized", "24.11"),
-    "squeue": ("22.05", "22.05-after", "24.11"),
-    "scontrol_jobs": ("22.05", "22.05-after", "synthesized", "24.11"),
-    "sdiag": ("22.05", "24.11"),
-    "sshare": ("synthesized",),
+    "sinfo_nodes": ("22.05", "synthesized", "24.11", "26.05"),
+    "squeue": ("22.05", "22.05-after", "24.11", "26.05"),
+    "scontrol_jobs": ("22.05", "22.05-after", "synthesized", "24.11", "26.05"),
+    "sdiag": ("22.05", "24.11", "26.05"),
+    "sshare": ("synthesized", "26.05"),
 }
 
 
@@ -351,7 +353,11 @@ def random_value(rng: random.Random) -> object:
 
 @pytest.mark.parametrize(
     ("fixture_dir", "name"),
-    [("synthesized-json", "scontrol_jobs.json"), ("24.11", "scontrol_jobs_json.txt")],
+    [
+        ("synthesized-json", "scontrol_jobs.json"),
+        ("24.11", "scontrol_jobs_json.txt"),
+        ("26.05", "scontrol_jobs_json.txt"),
+    ],
 )
 def test_mutated_json_never_raises_and_stays_bounded(fixture_dir, name):
     rng = random.Random(f"{SEED}-{name}")

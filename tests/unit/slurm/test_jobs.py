@@ -392,3 +392,25 @@ def test_2411_json_pairs_gres_detail_with_the_allocation_list():
         ("gpufleet-slurm-gpu1", (2,)),
         ("gpufleet-slurm-gpu2", (0,)),
     }
+
+
+# --- real Slurm 26.05 captures (molecule slurm_sid): job records carry SLUID= ------------------
+
+WANT_2605 = {
+    "2": ("RUNNING", "alice", "physics", "gpu", None, (("gpufleet-sid-gpu1", 2, (0, 1)),)),
+    "3": ("RUNNING", "bob", "chem", "gpu", None, (("gpufleet-sid-gpu1", 1, (2,)),)),
+}
+
+
+def test_2605_text_and_json_captures_agree():
+    text = fixture_text("26.05", "scontrol_jobs.txt")
+    assert "SLUID=" in record("2", text)  # 26.05's new field, between JobName and UserId
+    jobs, bad = exp.parse_scontrol_jobs(text)
+    assert bad == 0 and view_2411(jobs) == WANT_2605
+    queue = exp.parse_squeue(fixture_text("26.05", "squeue.txt"))[0]
+    kept, rejected = exp.verify_jobs(jobs, queue)
+    assert not rejected and {j.job_id for j in kept} == set(view(jobs))
+    for name in ("scontrol_jobs_json.txt", "squeue_json.txt"):
+        json_jobs, bad = exp.parse_scontrol_jobs_json(fixture_text("26.05", name))
+        assert bad == 0 and view_2411(json_jobs) == WANT_2605, name
+        assert view(json_jobs) == view(jobs), name

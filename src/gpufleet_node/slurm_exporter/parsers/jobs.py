@@ -42,7 +42,7 @@ def _user_name(value: str) -> str:
 #   JobId=N [ArrayJobId=N ArrayTaskId=S [ArrayTaskThrottle=N] | HetJobId=N HetJobOffset=N]
 #   JobName=<free text>
 #   UserId=u(uid) GroupId=g(gid) MCS_label=.. Priority=.. Account=.. .. JobState=.. ..
-#   Partition=.. .. NodeList=.. .. JOB_GRES=..   Nodes=<hostlist> CPU_IDs=.. Mem=.. GRES=..
+#   Partition=.. .. NodeList=.. .. JOB_GRES=.. Nodes=<hostlist> CPU_IDs=.. Mem=.. GRES=..
 #   [  Nodes=.. CPU_IDs=.. Mem=.. GRES=..]... MinCPUsNode=..
 #   MinMemory..= .. Features=.. .. Command=<free> WorkDir=<free> [Comment=<free>]
 #   StdErr=<free> StdIn=<free> StdOut=<free> ...
@@ -116,7 +116,9 @@ def _scan_head(line: str, pos: int) -> _Head | None:
             else:
                 detail += 1
         elif key == "Nodes":
-            if "JOB_GRES" not in fields or spaces < 2:
+            # The per-node groups follow JOB_GRES= (three spaces before them up to 24.11,
+            # one from 26.05).
+            if "JOB_GRES" not in fields:
                 return None
             seg_nodes, detail = value, 1
         elif key in _DETAIL_KEYS or key in fields:
