@@ -15,12 +15,14 @@ import bcrypt
 
 try:
     from gpufleet.inventory import prometheus_port
+    from gpufleet.slurm_native import native_metrics_problem, parse_show_config
     from gpufleet_node.gpu_collector.slurm import valid_cgroup_root
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(
         0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "src")
     )
     from gpufleet.inventory import prometheus_port
+    from gpufleet.slurm_native import native_metrics_problem, parse_show_config
     from gpufleet_node.gpu_collector.slurm import valid_cgroup_root
 
 # bcrypt's own base64 alphabet (not the standard one).
@@ -146,6 +148,42 @@ def _shard_groups(groups: Mapping[str, Any]) -> dict[int, list[str]]:
 def gpufleet_valid_cgroup_root(root: object) -> bool:
     """The GPU collector's own rule for --slurm-cgroup-root: the preflight asks it."""
     return valid_cgroup_root(str(root))
+
+
+_METRIC_NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+
+
+def gpufleet_scrape_job_defaults(registry: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """gpufleet's own settings of each scrape job, from the exporter registry: an entry's
+    job_settings, a drop of the families it lists as exporter_duplicates (served by
+    gpufleet's Slurm exporter already), and what the rules rely on for the slurm job
+    (its node and partition labels describe jobs, not the controller)."""
+    out: dict[str, dict[str, Any]] = {"slurm": {"honor_labels": True}}
+    for job, exporter in registry.items():
+        settings = {**dict(exporter.get("job_settings") or {}), **out.get(job, {})}
+        duplicates = sorted(exporter.get("exporter_duplicates") or {})
+        bad = [name for name in duplicates if not _METRIC_NAME_RE.match(str(name))]
+        if bad:
+            raise ValueError(
+                f"exporters_registry.{job}.exporter_duplicates: not a metric name: {bad[0]!r}"
+            )
+        if duplicates:
+            drop = {"source_labels": ["__name__"], "regex": "|".join(duplicates), "action": "drop"}
+            settings["metric_relabel_configs"] = [
+                *settings.get("metric_relabel_configs", []),
+                drop,
+            ]
+        if settings:
+            out[job] = settings
+    return out
+
+
+def gpufleet_slurmctld_metrics_problem(show_config: str, prometheus_has_token: bool) -> str:
+    """Why Prometheus cannot scrape slurmctld's own metrics ("" when it can), from the
+    output of ``scontrol show config`` (gpufleet.slurm_native)."""
+    return native_metrics_problem(
+        parse_show_config(str(show_config)), prometheus_has_token=bool(prometheus_has_token)
+    )
 
 
 def gpufleet_node_shards(groups: Mapping[str, Any]) -> dict:
@@ -376,6 +414,8 @@ class FilterModule:
             "gpufleet_metrics_paths": gpufleet_metrics_paths,
             "gpufleet_prometheus_port": gpufleet_prometheus_port,
             "gpufleet_shard_targets": gpufleet_shard_targets,
+            "gpufleet_slurmctld_metrics_problem": gpufleet_slurmctld_metrics_problem,
+            "gpufleet_scrape_job_defaults": gpufleet_scrape_job_defaults,
             "gpufleet_node_shards": gpufleet_node_shards,
             "gpufleet_valid_cgroup_root": gpufleet_valid_cgroup_root,
             "gpufleet_slurm_params": gpufleet_slurm_params,

@@ -341,6 +341,9 @@ def test_slurmctlds_own_metrics_are_one_job_of_five_endpoints() -> None:
     for mode in ("standalone", "global"):
         job = jobs[mode]["slurmctld"]
         assert (job["scrape_interval"], job["honor_labels"]) == ("60s", True)
+        # A standby backup (26.05) answers 303 to the primary: followed, the primary's
+        # series would come twice.
+        assert job["follow_redirects"] is False
     # Without the group nothing is scraped, and the firewall never touches Slurm's port.
     assert targets(STANDALONE)["slurmctld"] == []
     assert 6817 not in exporter_ports(firewall(ctl, inventory=(groups, hostvars)))
