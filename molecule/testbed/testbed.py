@@ -469,6 +469,12 @@ def down(network: str, names: list[str]) -> None:
     for name in [*names, *on_network]:
         run(["podman", "rm", "-f", "--time", "5", name], check=False, capture=True)
     run(["podman", "network", "rm", "-f", network], check=False, capture=True)
+    # Named volumes a scenario's hosts share (podman_args "--volume=<network>-NAME:PATH")
+    # go with the network.
+    volumes = run(["podman", "volume", "ls", "-q"], check=False, capture=True).stdout.split()
+    for volume in volumes:
+        if volume.startswith(f"{network}-"):
+            run(["podman", "volume", "rm", "-f", volume], check=False, capture=True)
 
 
 def main(argv: list[str] | None = None) -> None:
