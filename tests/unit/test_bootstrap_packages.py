@@ -409,6 +409,26 @@ def provides(files: frozenset[str], command: str) -> bool:
 
 
 @functools.cache
+def package_files(package: str) -> frozenset[str]:
+    """The files of package and of the installed packages it depends on, transitively: Debian 13
+    moved promtool out of prometheus into a package of its own that prometheus depends on (and
+    Debian 12 has no promtool package), so `prometheus` provides promtool on both."""
+    fields = "\t".join(["${Package}", "${db:Status-Status}", "${Pre-Depends}"])
+    depends: dict[str, list[str]] = {}
+    for line in dpkg_query("-W", f"-f={fields},${{Depends}}\n").splitlines():
+        name, status, pre_and_depends = line.split("\t")
+        if status == "installed":
+            depends[name] = re.findall(r"(?:^|[,|])\s*([a-z0-9][a-z0-9+.-]*)", pre_and_depends)
+    closure, todo = set(), [package]
+    while todo:
+        name = todo.pop()
+        if name not in closure and name in depends:
+            closure.add(name)
+            todo += depends[name]
+    return frozenset().union(*(dpkg_files(name) for name in closure))
+
+
+@functools.cache
 def base_files() -> frozenset[str]:
     packages: dict[str, list[str]] = {}
     roots = set(BASE_PACKAGES)
@@ -463,7 +483,7 @@ def problem(command: str) -> str | None:
         return None
     for declared in DECLARED:
         debian = declared.source == "debian" and not venv and installed(declared.package)
-        if debian and provides(dpkg_files(declared.package), command):
+        if debian and provides(package_files(declared.package), command):
             return None
         if declared.source == "pypi" and name in (pypi_scripts(declared.package) or ()):
             return None
@@ -586,7 +606,7 @@ def test_declared_debian_package_provides_its_commands(declared: Declared) -> No
             " run scripts/bootstrap",
             pytrace=False,
         )
-    wrong = [c for c in declared.commands if not provides(dpkg_files(declared.package), c)]
+    wrong = [c for c in declared.commands if not provides(package_files(declared.package), c)]
     if wrong:
         pytest.fail(
             f"scripts/packages.txt: {declared.package} does not provide {', '.join(wrong)}"
