@@ -9,6 +9,7 @@ keys, so what the tests unpack is what Debian published.
 
     debian_suite.py fetch --suite sid PACKAGE      print the path of the cached .deb
     debian_suite.py version --suite sid PACKAGE    print the candidate's version
+    debian_suite.py missing --suite trixie PACKAGE...  print those the suite lacks
 
 sid moves: a version is replaced (and removed) when a new one is uploaded, so the index
 is refreshed when it is older than a day, and callers assert major versions only.
@@ -108,6 +109,10 @@ def update(suite: str) -> None:
     if indexes and time.time() - min(p.stat().st_mtime for p in indexes) < INDEX_MAX_AGE_S:
         return
     _run(["apt-get", *options, "update", "-qq"])
+    if not list(lists.glob("*_Packages*")):  # apt only warns when the mirror does not answer
+        raise SystemExit(
+            f"debian_suite: apt-get update fetched no index of {suite} from {mirror_url()}"
+        )
 
 
 def version(package: str, suite: str) -> str:
@@ -123,6 +128,22 @@ def _version(package: str, suite: str) -> str:
     if not match:
         raise SystemExit(f"debian_suite: {package} has no version in {suite}")
     return match.group(1)
+
+
+def missing(packages: list[str], suite: str) -> list[str]:
+    """Those of packages with no installable version in suite's index (main, amd64): not
+    there at all, or only a virtual name that other packages provide."""
+    with _suite_lock(suite):
+        update(suite)
+        policy = _run(["apt-cache", *apt_options(suite), "policy", *packages])
+    candidates: dict[str, str] = {}
+    name = ""
+    for line in policy.splitlines():
+        if line and not line[0].isspace() and line.endswith(":"):
+            name = line[:-1]
+        elif line.strip().startswith("Candidate:") and name:
+            candidates[name] = line.split(":", 1)[1].strip()
+    return [p for p in packages if candidates.get(p, "(none)") == "(none)"]
 
 
 def fetch(package: str, suite: str) -> Path:
@@ -154,14 +175,20 @@ def upstream_version(debian_version: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("fetch", "version"))
+    parser.add_argument("command", choices=("fetch", "version", "missing"))
     parser.add_argument("--suite", required=True, choices=SUITES)
-    parser.add_argument("package")
+    parser.add_argument("package", nargs="+")
     args = parser.parse_args(argv)
+    if args.command == "missing":
+        for package in missing(args.package, args.suite):
+            print(package)
+        return
+    if len(args.package) != 1:
+        parser.error(f"{args.command} takes one package")
     if args.command == "fetch":
-        print(fetch(args.package, args.suite))
+        print(fetch(args.package[0], args.suite))
     else:
-        print(version(args.package, args.suite))
+        print(version(args.package[0], args.suite))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,14 @@ against what the packages really install: `dpkg -L` for Debian packages, the dis
 console scripts (importlib.metadata, so run this from .venv) for pypi ones. The base image is
 Debian 12 (its minbase: every Essential or Priority: required package) with BASE_PACKAGES, and
 whatever those depend on.
+
+Both build machines' suites, Debian 12 (bookworm) and 13 (trixie), must have every declared
+`debian` name: scripts/bootstrap installs the same names on either, so a name one suite lacks
+(python3.11-venv on trixie, whose python3 is 3.13) breaks bootstrap there while this machine's
+tests stay green. Those names are checked against the suites' own indexes, downloaded and
+verified by apt against their signed Release files (molecule/testbed/debian_suite.py, cached
+under .cache/debian/ for a day); without apt access to a Debian mirror that fails rather than
+skips, like the other tests that read a Debian suite.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import importlib.metadata
 import os
 import re
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +32,12 @@ import pytest
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "molecule" / "testbed"))
+
+import debian_suite  # noqa: E402
+
 PACKAGES_TXT = ROOT / "scripts" / "packages.txt"
+BUILD_SUITES = ("bookworm", "trixie")  # Debian 12 and 13: the build machines
 BASE_PACKAGES = ("coreutils", "bash", "python3", "apt", "dpkg", "git", "curl")
 BIN_DIRS = ("/usr/bin", "/usr/sbin")  # /bin and /sbin are the same directories (usrmerge)
 # A virtual environment's command: .venv/bin/python, .cache/venv-floor/bin/pip.
@@ -395,6 +409,26 @@ def provides(files: frozenset[str], command: str) -> bool:
 
 
 @functools.cache
+def package_files(package: str) -> frozenset[str]:
+    """The files of package and of the installed packages it depends on, transitively: Debian 13
+    moved promtool out of prometheus into a package of its own that prometheus depends on (and
+    Debian 12 has no promtool package), so `prometheus` provides promtool on both."""
+    fields = "\t".join(["${Package}", "${db:Status-Status}", "${Pre-Depends}"])
+    depends: dict[str, list[str]] = {}
+    for line in dpkg_query("-W", f"-f={fields},${{Depends}}\n").splitlines():
+        name, status, pre_and_depends = line.split("\t")
+        if status == "installed":
+            depends[name] = re.findall(r"(?:^|[,|])\s*([a-z0-9][a-z0-9+.-]*)", pre_and_depends)
+    closure, todo = set(), [package]
+    while todo:
+        name = todo.pop()
+        if name not in closure and name in depends:
+            closure.add(name)
+            todo += depends[name]
+    return frozenset().union(*(dpkg_files(name) for name in closure))
+
+
+@functools.cache
 def base_files() -> frozenset[str]:
     packages: dict[str, list[str]] = {}
     roots = set(BASE_PACKAGES)
@@ -449,7 +483,7 @@ def problem(command: str) -> str | None:
         return None
     for declared in DECLARED:
         debian = declared.source == "debian" and not venv and installed(declared.package)
-        if debian and provides(dpkg_files(declared.package), command):
+        if debian and provides(package_files(declared.package), command):
             return None
         if declared.source == "pypi" and name in (pypi_scripts(declared.package) or ()):
             return None
@@ -572,7 +606,7 @@ def test_declared_debian_package_provides_its_commands(declared: Declared) -> No
             " run scripts/bootstrap",
             pytrace=False,
         )
-    wrong = [c for c in declared.commands if not provides(dpkg_files(declared.package), c)]
+    wrong = [c for c in declared.commands if not provides(package_files(declared.package), c)]
     if wrong:
         pytest.fail(
             f"scripts/packages.txt: {declared.package} does not provide {', '.join(wrong)}"
@@ -606,3 +640,28 @@ def test_declared_pypi_distribution_provides_its_commands(declared: Declared) ->
             f"scripts/packages.txt: {declared.package} does not provide {', '.join(wrong)}",
             pytrace=False,
         )
+
+
+@pytest.mark.parametrize("suite", BUILD_SUITES)
+def test_declared_debian_packages_exist_in_both_build_suites(suite: str) -> None:
+    names = [d.package for d in DECLARED if d.source == "debian"]
+    try:
+        missing = debian_suite.missing(names, suite)
+    except SystemExit as error:  # debian_suite's one-line errors: apt could not read the index
+        pytest.fail(
+            f"cannot read Debian {suite}'s index: {error} (needs apt access to a Debian mirror)",
+            pytrace=False,
+        )
+    if missing:
+        pytest.fail(
+            f"scripts/packages.txt: {', '.join(missing)} not in Debian {suite}'s index"
+            " (main, amd64): scripts/bootstrap fails there",
+            pytrace=False,
+        )
+
+
+def test_suite_check_finds_a_name_only_one_suite_has() -> None:
+    """The check itself: python3.11-venv is bookworm's only; awk is a virtual name only."""
+    assert debian_suite.missing(["python3.11-venv", "python3-venv"], "bookworm") == []
+    names = ["python3.11-venv", "python3-venv", "awk"]
+    assert debian_suite.missing(names, "trixie") == ["python3.11-venv", "awk"]

@@ -49,6 +49,9 @@ def pki(tmp_path_factory) -> Path:
         f"{d}/ca.crt",
         "-subj",
         "/CN=gpufleet test CA",
+        # Python 3.13 (Debian 13) verifies strictly: a CA without key usage is refused.
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
         "-days",
         "2",
     )
