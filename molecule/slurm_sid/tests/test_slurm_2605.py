@@ -16,14 +16,15 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
 from conftest import CONTROLLER, GPU_NODE
+from test_idle_gpu_alert import jobstats
 from test_slurm_exporter import (
+    clear_jobs,
     collected_after,
     exporter_allocations,
     exporter_nodes,
@@ -119,16 +120,10 @@ def test_exporter_matches_sinfo_on_the_idle_cluster(ctl):
 # ------------------------------------------------------------ real jobs
 
 
-def clear_jobs(ctl, gpu) -> None:
-    ctl.run("scancel --quiet -u alice; scancel --quiet -u bob")
-    wait_until(lambda: not ctl.check_output("squeue -h -u alice,bob"), 60, "the jobs to end")
-    gpu.check_output(f": > {APPS}")
-
-
 @pytest.fixture(scope="module")
 def jobs(ctl, gpu):
     """alice holds 2 GPUs, bob 1: real jobs in their own cgroups on the GPU node."""
-    clear_jobs(ctl, gpu)
+    clear_jobs(ctl, {GPU_NODE: gpu})
     running = [
         sbatch(ctl, "alice", "--account=physics", "-p", "gpu", "--gres=gpu:a100:2"),
         sbatch(ctl, "bob", "--account=chem", "-p", "gpu", "--gres=gpu:a100:1"),
@@ -139,7 +134,7 @@ def jobs(ctl, gpu):
         "the jobs to start",
     )
     yield running
-    clear_jobs(ctl, gpu)
+    clear_jobs(ctl, {GPU_NODE: gpu})
 
 
 def test_job_gpu_counts_and_indices_match_scontrol(ctl, jobs):
@@ -175,17 +170,6 @@ def test_gpu_collector_names_the_same_jobs_as_the_exporter(ctl, gpu, jobs):
     cgroups = gpu.check_output(f"cat /proc/{pid}/cgroup")
     assert eventually(seen, 6 * INTERVAL), (want, cgroups)
     assert re.search(r"freezer:.*/slurm_[^/]+/uid_\d+/job_\d+/step_\w+$", cgroups, re.M), cgroups
-
-
-def jobstats(ctl, job: str, env: dict[str, str] | None = None) -> dict:
-    code = "import sys; from gpufleet.cli import main; sys.exit(main(sys.argv[1:]))"
-    prometheus = f"http://{host_address(ctl)}:9090"
-    done = subprocess.run(
-        [sys.executable, "-c", code, "jobstats", job, "--prometheus", prometheus, "--json"],
-        capture_output=True, text=True, timeout=120, check=False, env=env,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
 
 
 def test_jobstats_and_the_job_summary_epilog(ctl, jobs, tmp_path):
