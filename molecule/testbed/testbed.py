@@ -411,8 +411,33 @@ def parse_platforms(text: str) -> list[Host]:
     return hosts
 
 
+def podman_major() -> int:
+    answer = run(["podman", "--version"], check=False, capture=True).stdout.split()
+    version = answer[-1] if answer else ""
+    return int(version.split(".")[0]) if version.split(".")[0].isdigit() else 0
+
+
+def cgroup_v1() -> bool:
+    """The kernel's cgroups are v1 or hybrid (no unified hierarchy at /sys/fs/cgroup)."""
+    return not Path("/sys/fs/cgroup/cgroup.controllers").exists()
+
+
+def check_runnable(hosts: list[Host]) -> None:
+    """Podman 5 (Debian 13) refuses a private cgroup namespace for a systemd container on
+    cgroup v1, which Slurm's job cgroups need (Debian 12's podman 4 starts it): say so in
+    one line before any host starts, not with podman's error halfway through."""
+    private = [h.name for h in hosts if "--cgroupns=private" in h.podman_args]
+    if private and cgroup_v1() and podman_major() >= 5:
+        raise SystemExit(
+            f"testbed: {private[0]} needs a private cgroup namespace (Slurm's job cgroups), "
+            "which podman 5 refuses for systemd containers on this kernel's cgroup v1: "
+            "run it on a cgroup v2 machine or with Debian 12's podman 4"
+        )
+
+
 def up(network: str, hosts: list[Host]) -> None:
     setup()
+    check_runnable(hosts)
     tags = {suite: build_image(suite) for suite in sorted({h.suite for h in hosts})}
     ensure_network(network, [h.address for h in hosts])
     for host in hosts:

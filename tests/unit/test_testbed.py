@@ -108,3 +108,22 @@ def test_a_host_started_otherwise_is_not_kept() -> None:
     ]
     assert same not in {testbed.shape(other, "gpufleet-demo") for other in others}
     assert same != testbed.shape(host, "gpufleet-other")
+
+
+def test_podman_5_on_cgroup_v1_is_refused_before_a_host_starts(monkeypatch) -> None:
+    """A host needing a private cgroup namespace on podman 5 and cgroup v1 (what Debian 13's
+    podman refuses for systemd containers) is said in one line before anything starts."""
+    hosts = [
+        testbed.Host("slurm-ctl", "10.203.13.10", "trixie", ()),
+        testbed.Host("slurm-gpu1", "10.203.13.11", "trixie", ("--cgroupns=private",)),
+    ]
+    monkeypatch.setattr(testbed, "cgroup_v1", lambda: True)
+    monkeypatch.setattr(testbed, "podman_major", lambda: 5)
+    with pytest.raises(SystemExit, match=r"^testbed: slurm-gpu1 needs a private cgroup"):
+        testbed.check_runnable(hosts)
+    testbed.check_runnable(hosts[:1])  # no such host: nothing to refuse
+    monkeypatch.setattr(testbed, "podman_major", lambda: 4)
+    testbed.check_runnable(hosts)  # Debian 12's podman 4 starts it
+    monkeypatch.setattr(testbed, "podman_major", lambda: 5)
+    monkeypatch.setattr(testbed, "cgroup_v1", lambda: False)
+    testbed.check_runnable(hosts)  # cgroup v2
