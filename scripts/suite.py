@@ -55,7 +55,7 @@ SCENARIO_LANES = 2
 EXPECTED_SECONDS = {
     "cluster": 1800,
     "slurm": 1650,
-    "slurm_sid": 1000,
+    "slurm_sid": 600,
     "exporter_firewall": 550,
     "grafana": 450,
     "observability": 350,
