@@ -23,11 +23,11 @@ from gpufleet import hostlist
 from gpufleet.inventory import plan_shards, shard_table
 from gpufleet.jobstats import command as jobstats_command
 from gpufleet.nodelist import (
-    NODE_LIST_SUFFIXES,
     Checker,
     NodeList,
     NodeListError,
     check_shard_count,
+    find_node_list,
     load_node_list,
     load_shard_lock,
 )
@@ -39,17 +39,6 @@ from gpufleet_node.numbers import strict_dumps
 EXIT_OK = 0
 EXIT_INVALID = 2
 EXIT_BROKEN_PIPE = 128 + 13  # as if killed by SIGPIPE, like other tools in `... | head`
-
-
-def find_node_list(path: str) -> str:
-    """A node list file, or the single ``*.gpufleet.yml`` inside a directory."""
-    if not os.path.isdir(path):
-        return path
-    found = sorted(name for name in os.listdir(path) if name.endswith(NODE_LIST_SUFFIXES))
-    if len(found) != 1:
-        what = "no" if not found else f"{len(found)}"
-        raise NodeListError(path, "", f"{what} *.gpufleet.yml files found; name one")
-    return os.path.join(path, found[0])
 
 
 def load(path: str, shards: int | None, lock_file: str | None = None) -> NodeList:

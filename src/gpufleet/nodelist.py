@@ -903,6 +903,17 @@ def collect_hosts(entries: list[tuple[EntrySpec, Checker, str]], cluster: str) -
     return hosts
 
 
+def find_node_list(path: str) -> str:
+    """A node list file, or the single ``*.gpufleet.yml`` inside a directory."""
+    if not os.path.isdir(path):
+        return path
+    found = sorted(name for name in os.listdir(path) if name.endswith(NODE_LIST_SUFFIXES))
+    if len(found) != 1:
+        what = "no" if not found else f"{len(found)}"
+        raise NodeListError(path, "", f"{what} *.gpufleet.yml files found; name one")
+    return os.path.join(path, found[0])
+
+
 def load_node_list(path: str, read_text: Callable[[str], str] = read_file_text) -> NodeList:
     """Read and validate a node list file (the CLI's entry point; the plugin reads via Ansible)."""
     try:

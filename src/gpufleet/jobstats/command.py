@@ -154,8 +154,8 @@ def client_factory(args: argparse.Namespace, stats: list[dict[str, Any]], where:
 def topology(args: argparse.Namespace) -> Topology:
     if args.prometheus:
         return single(args.prometheus)
-    from gpufleet.cli import find_node_list  # the same node list `gpufleet plan` reads
-    from gpufleet.nodelist import load_node_list
+    # The same node list `gpufleet plan` reads.
+    from gpufleet.nodelist import find_node_list, load_node_list
 
     node_list = load_node_list(find_node_list(args.inventory))
     access = inventory_access(node_list, prometheus_hosts(node_list))
