@@ -292,12 +292,12 @@ def take_slot(config: Config) -> IO[bytes] | None:
         time.sleep(0.2)
 
 
-class Deadline(Exception):
+class DeadlineExceeded(Exception):
     """The program ran past deadline_s."""
 
 
 def _on_alarm(signum: int, frame: object) -> None:
-    raise Deadline()
+    raise DeadlineExceeded()
 
 
 def say(line: str) -> None:
@@ -316,7 +316,7 @@ def bounded(config: Config, job_id: str, target: str, print_only: bool) -> int:
     try:
         slot = take_slot(config)
         return run(config, job_id, target, print_only)
-    except Deadline:
+    except DeadlineExceeded:
         say(f"job {job_id}: not done in {config.deadline_s:g}s (deadline_s), nothing stored")
         return 1
     except NoSlot as err:

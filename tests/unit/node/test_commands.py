@@ -40,11 +40,11 @@ def test_an_exception_in_the_caller_kills_the_command(tmp_path):
     command, in a session of its own, is killed, not left running."""
     import signal
 
-    class Deadline(Exception):
+    class DeadlineExceeded(Exception):
         pass
 
     def expire(signum, frame):
-        raise Deadline
+        raise DeadlineExceeded
 
     marker = tmp_path / "still-ran"
     previous = signal.signal(signal.SIGALRM, expire)
@@ -53,7 +53,7 @@ def test_an_exception_in_the_caller_kills_the_command(tmp_path):
         started = time.monotonic()
         try:
             run_command(["sh", "-c", f"sleep 2; touch {marker}"], 30)
-        except Deadline:
+        except DeadlineExceeded:
             pass
         else:
             raise AssertionError("the alarm did not interrupt the command")
