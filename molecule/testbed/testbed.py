@@ -297,7 +297,7 @@ def shape(host: Host, network: str) -> str:
     return hashlib.sha256(json.dumps(wanted).encode()).hexdigest()[:16]
 
 
-def start_host(host: Host, network: str, tag: str) -> None:
+def start_host(host: Host, network: str, tag: str, by_hand: bool = False) -> None:
     name, address = host.name, host.address
     if container_running(name):
         started_as = run(
@@ -312,6 +312,7 @@ def start_host(host: Host, network: str, tag: str) -> None:
             )
         return
     run(["podman", "rm", "-f", name], check=False, capture=True)
+    options, command = systemd_mode(host, by_hand)
     run(
         [
             "podman",
@@ -325,7 +326,7 @@ def start_host(host: Host, network: str, tag: str) -> None:
             network,
             "--ip",
             address,
-            "--systemd=always",
+            *options,
             "--stop-signal",
             "SIGRTMIN+3",
             # Services under test use systemd sandboxing, which needs mount namespaces.
@@ -344,7 +345,7 @@ def start_host(host: Host, network: str, tag: str) -> None:
             f"{PUBKEY}:/root/.ssh/authorized_keys:ro",
             *host.podman_args,
             tag,
-            "/sbin/init",
+            *command,
         ],
         capture=True,
     )
@@ -422,26 +423,47 @@ def cgroup_v1() -> bool:
     return not Path("/sys/fs/cgroup/cgroup.controllers").exists()
 
 
-def check_runnable(hosts: list[Host]) -> None:
-    """Podman 5 (Debian 13) refuses a private cgroup namespace for a systemd container on
-    cgroup v1, which Slurm's job cgroups need (Debian 12's podman 4 starts it): say so in
-    one line before any host starts, not with podman's error halfway through."""
-    private = [h.name for h in hosts if "--cgroupns=private" in h.podman_args]
-    if private and cgroup_v1() and podman_major() >= 5:
-        raise SystemExit(
-            f"testbed: {private[0]} needs a private cgroup namespace (Slurm's job cgroups), "
-            "which podman 5 refuses for systemd containers on this kernel's cgroup v1: "
-            "run it on a cgroup v2 machine or with Debian 12's podman 4"
-        )
+# What podman's systemd mode mounts for systemd (tmpfs /run, /run/lock, /tmp and
+# /var/log/journal), spelled out for the hosts that run without it (systemd_mode).
+SYSTEMD_TMPFS = ("/run", "/run/lock", "/tmp", "/var/log/journal")
+# Their PID 1 before systemd: runc mounts the cgroup hierarchies read-only, and systemd
+# needs to write its own (name=systemd) before it starts. If the remount fails, systemd
+# still boots and logs that it cannot create its compat cgroups.
+INIT_BY_HAND = ["/bin/sh", "-c", "mount -o remount,bind,rw /sys/fs/cgroup/systemd; exec /sbin/init"]
+
+
+def systemd_by_hand() -> bool:
+    """Podman 5 (Debian 13) refuses a private cgroup namespace in systemd mode on cgroup v1
+    ("cgroup namespace is not supported with cgroup v1 and systemd mode"); Debian 12's
+    podman 4 starts it."""
+    return cgroup_v1() and podman_major() >= 5
+
+
+def systemd_mode(host: Host, by_hand: bool) -> tuple[list[str], list[str]]:
+    """The `podman run` options and command that run systemd as the host's PID 1: podman's
+    `--systemd=always` and /sbin/init, or, for a host that needs a private cgroup
+    namespace (Slurm's job cgroups) where podman refuses that in systemd mode
+    (systemd_by_hand), `--systemd=false` with the tmpfs mounts systemd mode would add, and
+    INIT_BY_HAND. runc then mounts every cgroup v1 hierarchy, name=systemd included, from
+    inside the namespace: rooted at the container's own cgroups, so systemd and slurmd
+    make theirs in the container's subtree, never at the host's roots. (Podman 4's systemd
+    mode bind-mounts the host's whole name=systemd hierarchy instead, which a private
+    namespace's systemd then writes at its root.) The stop signal is start_host's."""
+    if by_hand and "--cgroupns=private" in host.podman_args:
+        tmpfs = [
+            arg for path in SYSTEMD_TMPFS for arg in ("--tmpfs", f"{path}:rw,nosuid,nodev,exec")
+        ]
+        return ["--systemd=false", *tmpfs], INIT_BY_HAND
+    return ["--systemd=always"], ["/sbin/init"]
 
 
 def up(network: str, hosts: list[Host]) -> None:
     setup()
-    check_runnable(hosts)
+    by_hand = systemd_by_hand()
     tags = {suite: build_image(suite) for suite in sorted({h.suite for h in hosts})}
     ensure_network(network, [h.address for h in hosts])
     for host in hosts:
-        start_host(host, network, tags[host.suite])
+        start_host(host, network, tags[host.suite], by_hand)
     for host in hosts:
         wait_ready(host.name, host.address)
     print(

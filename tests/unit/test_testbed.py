@@ -110,20 +110,55 @@ def test_a_host_started_otherwise_is_not_kept() -> None:
     assert same != testbed.shape(host, "gpufleet-other")
 
 
-def test_podman_5_on_cgroup_v1_is_refused_before_a_host_starts(monkeypatch) -> None:
-    """A host needing a private cgroup namespace on podman 5 and cgroup v1 (what Debian 13's
-    podman refuses for systemd containers) is said in one line before anything starts."""
-    hosts = [
-        testbed.Host("slurm-ctl", "10.203.13.10", "trixie", ()),
-        testbed.Host("slurm-gpu1", "10.203.13.11", "trixie", ("--cgroupns=private",)),
-    ]
+def test_podman_5_on_cgroup_v1_runs_systemd_by_hand_for_a_private_cgroupns(monkeypatch) -> None:
+    """Podman 5 refuses a private cgroup namespace in systemd mode on cgroup v1: a host that
+    needs one (Slurm's job cgroups) runs systemd without podman's systemd mode, with the
+    tmpfs mounts that mode would add; every other host, and every host on podman 4 or
+    cgroup v2, keeps `--systemd=always`."""
+    ctl = testbed.Host("slurm-ctl", "10.203.13.10", "trixie", ())
+    gpu = testbed.Host("slurm-gpu1", "10.203.13.11", "trixie", ("--cgroupns=private",))
+    options, command = testbed.systemd_mode(gpu, by_hand=True)
+    assert options == [
+        "--systemd=false",
+        "--tmpfs", "/run:rw,nosuid,nodev,exec",
+        "--tmpfs", "/run/lock:rw,nosuid,nodev,exec",
+        "--tmpfs", "/tmp:rw,nosuid,nodev,exec",
+        "--tmpfs", "/var/log/journal:rw,nosuid,nodev,exec",
+    ]  # fmt: skip
+    assert command == [
+        "/bin/sh", "-c", "mount -o remount,bind,rw /sys/fs/cgroup/systemd; exec /sbin/init"
+    ]  # fmt: skip
+    systemd_mode = (["--systemd=always"], ["/sbin/init"])
+    assert testbed.systemd_mode(ctl, by_hand=True) == systemd_mode
+    assert testbed.systemd_mode(gpu, by_hand=False) == systemd_mode
+
     monkeypatch.setattr(testbed, "cgroup_v1", lambda: True)
     monkeypatch.setattr(testbed, "podman_major", lambda: 5)
-    with pytest.raises(SystemExit, match=r"^testbed: slurm-gpu1 needs a private cgroup"):
-        testbed.check_runnable(hosts)
-    testbed.check_runnable(hosts[:1])  # no such host: nothing to refuse
+    assert testbed.systemd_by_hand()
     monkeypatch.setattr(testbed, "podman_major", lambda: 4)
-    testbed.check_runnable(hosts)  # Debian 12's podman 4 starts it
+    assert not testbed.systemd_by_hand()  # Debian 12's podman 4 starts it in systemd mode
     monkeypatch.setattr(testbed, "podman_major", lambda: 5)
     monkeypatch.setattr(testbed, "cgroup_v1", lambda: False)
-    testbed.check_runnable(hosts)  # cgroup v2
+    assert not testbed.systemd_by_hand()  # cgroup v2: podman 5 starts it in systemd mode
+
+
+def test_start_host_passes_the_translated_systemd_arguments(monkeypatch) -> None:
+    """The `podman run` of a host carries systemd_mode's options in place of
+    `--systemd=always` and its command in place of /sbin/init, and the host's own podman
+    arguments unchanged."""
+    calls: list[list[str]] = []
+    monkeypatch.setattr(testbed, "container_running", lambda name: False)
+    monkeypatch.setattr(testbed, "run", lambda cmd, **kwargs: calls.append(cmd))
+    gpu = testbed.Host("slurm-gpu1", "10.203.13.11", "trixie", ("--cgroupns=private",))
+    testbed.start_host(gpu, "gpufleet-slurm", "localhost/img:1", by_hand=True)
+    started = calls[-1]
+    assert started[:2] == ["podman", "run"]
+    assert "--systemd=always" not in started
+    assert "--systemd=false" in started
+    assert started[-5:-3] == ["--cgroupns=private", "localhost/img:1"]
+    assert started[-3:] == testbed.INIT_BY_HAND
+    assert started[started.index("--stop-signal") + 1] == "SIGRTMIN+3"
+    testbed.start_host(gpu, "gpufleet-slurm", "localhost/img:1", by_hand=False)
+    assert "--systemd=always" in calls[-1]
+    assert "--systemd=false" not in calls[-1]
+    assert calls[-1][-3:] == ["--cgroupns=private", "localhost/img:1", "/sbin/init"]
