@@ -69,8 +69,9 @@ def parse_range_list(body: str, expression: str) -> Group:
     for item in body.split(","):
         item = item.strip()
         if not item:
-            group = shown("[" + body + "]")
-            raise HostlistError(f"empty item in range {group} of {shown(expression)}")
+            raise HostlistError(
+                f"empty item in range {shown('[' + body + ']')} of {shown(expression)}"
+            )
         low, sep, high = item.partition("-")
         if not _NUMBER_RE.fullmatch(low) or (sep and not _NUMBER_RE.fullmatch(high)):
             raise HostlistError(f"invalid range {shown(item)} in {shown(expression)}")

@@ -640,8 +640,8 @@ def slurm_entries(
         by_partitions: dict[tuple[str, ...], list[str]] = {}
         for host in node.hosts:
             by_partitions.setdefault(tuple(partitions_of.get(host, ())), []).append(host)
-        for partition_set, members in by_partitions.items():
-            names = tuple(members)
+        for partition_set, same_partitions in by_partitions.items():
+            names = tuple(same_partitions)
             spec = EntrySpec(**{**template.__dict__, "names": names, "partitions": partition_set})
             if address_of:
                 spec.per_host_addresses = tuple(address_of[h] for h in names)

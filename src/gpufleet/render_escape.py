@@ -116,7 +116,7 @@ def env_value(value: object) -> str:
     return f'"{escaped}"'
 
 
-def env_words(words: list) -> str:
+def env_words(words: list[object]) -> str:
     """A variable that a unit's ExecStart= uses as $NAME, which systemd splits at
     whitespace into arguments: each word must hold no whitespace or quote."""
     checked = []
@@ -155,12 +155,12 @@ def ini_problem(value: object) -> str | None:
     return None
 
 
-def ini_problems(config: dict) -> list[str]:
+def ini_problems(config: dict[object, object]) -> list[str]:
     """One line per name or value of config (grafana.ini as {key: value} and
     {section: {key: value}}) that cannot be written literally, for the preflight."""
     problems = []
 
-    def check(path: str, names: list, value: object) -> None:
+    def check(path: str, names: list[object], value: object) -> None:
         for name in names:
             if not isinstance(name, str) or not _INI_NAME.fullmatch(name):
                 problems.append(f"{path}: the name {name!r} is not letters, digits, '_', '.', '-'")

@@ -102,7 +102,7 @@ def is_jinja(value: Any) -> bool:
 
 def dump(value: Any, flow: bool | None = True) -> str:
     """``value`` as YAML: one flow-style line, or (``flow=None``) block style."""
-    text = yaml.dump(
+    text: str = yaml.dump(
         value,
         Dumper=_Dumper,
         default_flow_style=flow,

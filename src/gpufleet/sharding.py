@@ -87,7 +87,7 @@ def checked_pins(
     return pins
 
 
-class ScoreCache(dict):
+class ScoreCache(dict[str, list[int]]):
     """Unit -> rendezvous scores, computed on first use (a sticky plan ranks few units)."""
 
     def __init__(self, shards: int) -> None:

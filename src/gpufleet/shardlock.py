@@ -131,4 +131,5 @@ def format_lock(cluster: str, shards: int, assignment: Mapping[str, int]) -> str
         "shards": shards,
         "hosts": {host: assignment[host] for host in sorted(assignment)},
     }
-    return HEADER + yaml.dump(body, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+    text: str = yaml.dump(body, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+    return HEADER + text

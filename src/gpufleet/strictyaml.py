@@ -22,11 +22,14 @@ Every failure is a :class:`YamlProblem` (``line N`` and the problem, on one line
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-_Base: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+if TYPE_CHECKING:
+    _Base = yaml.SafeLoader
+else:  # libyaml's loader where PyYAML was built with it: the same results, faster
+    _Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _LINE_BREAKING_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 # YAML 1.2 core schema, narrowed so that an integer's text is str(int(text)).
@@ -60,14 +63,12 @@ class YamlProblem(ValueError):
         self.problem = problem
 
 
-class StrictLoader(_Base):  # type: ignore[misc]
+class StrictLoader(_Base):
     """A safe loader that refuses duplicate keys and keeps YAML 1.1 coercions as text."""
-
-    yaml_implicit_resolvers: ClassVar[dict[str | None, list[tuple[str, re.Pattern[str]]]]] = {}
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         refuse_duplicate_keys(self, node)
-        return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
+        return super().construct_mapping(node, deep=deep)
 
 
 def refuse_duplicate_keys(loader: yaml.SafeLoader, node: yaml.MappingNode) -> None:
@@ -101,6 +102,8 @@ def add_resolvers(cls: Any) -> None:
         cls.add_implicit_resolver(tag, pattern, [char.strip() for char in first])
 
 
+# Only the strict implicit types: none of YAML 1.1's coercions (yes, on, 0o17, 1_000).
+StrictLoader.yaml_implicit_resolvers = {}
 add_resolvers(StrictLoader)
 
 
@@ -109,7 +112,11 @@ def _tag_as_text(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Any:
         return loader.construct_scalar(node)
     if isinstance(node, yaml.SequenceNode):
         return loader.construct_sequence(node, deep=True)
-    return loader.construct_mapping(node, deep=True)
+    if isinstance(node, yaml.MappingNode):
+        return loader.construct_mapping(node, deep=True)
+    raise yaml.constructor.ConstructorError(
+        None, None, f"unknown node {type(node).__name__}", node.start_mark
+    )
 
 
 for _prefix in ("!vault", "!unsafe"):
