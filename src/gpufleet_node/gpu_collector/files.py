@@ -33,13 +33,28 @@ def open_regular(path: str) -> BinaryIO:
         raise
 
 
+CHUNK = 65536
+
+
 def read_regular(path: str, limit: int) -> bytes | None:
-    """At most ``limit`` bytes of a regular file; None if absent, unreadable or not one."""
+    """At most ``limit`` bytes of a regular file; None if absent, unreadable or not one.
+
+    Read in chunks: a /proc/sys file answers a read() of more than the kernel will
+    allocate at once (4 MiB, say) with ENOMEM, which made /proc/sys/kernel/random/boot_id
+    unreadable here, and with it every check of "the same boot"."""
+    parts: list[bytes] = []
+    left = limit
     try:
         with open_regular(path) as handle:
-            return handle.read(limit)
+            while left > 0:
+                part = handle.read(min(CHUNK, left))
+                if not part:
+                    break
+                parts.append(part)
+                left -= len(part)
     except OSError:
         return None
+    return b"".join(parts)
 
 
 def read_text(path: str, limit: int) -> str | None:

@@ -245,3 +245,14 @@ def test_amd_smi_with_warning_and_huge_integer_end_to_end(run_collector, tmp_pat
     assert values_of(text, "node_gpu_devices") == [2]
     assert values_of(text, "node_gpu_power_draw_watts", gpu="0") == []
     assert values_of(text, "node_gpu_power_limit_watts", gpu="0") == [700]
+
+
+def test_proc_sys_files_are_read_in_chunks():
+    """A /proc/sys file answers one read() larger than the kernel allocates with ENOMEM:
+    the boot id, and with it "the same boot" of the kmsg position and the XID baseline,
+    was never read."""
+    from gpufleet_node.gpu_collector.files import read_regular
+    from gpufleet_node.gpu_collector.state import boot_id
+
+    assert read_regular("/proc/sys/kernel/random/boot_id", 4 << 20)
+    assert len(boot_id()) == 36
