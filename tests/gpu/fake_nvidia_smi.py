@@ -16,6 +16,10 @@ FAKE_NVIDIA_SMI_APPS       compute apps instead of the capture's:
                            "pid[:gpu_index[:used_mib]],..." ("none": no apps)
 FAKE_NVIDIA_SMI_APPS_FILE  same syntax, read from a file at every call (so a
                            test can change the apps of a running system)
+FAKE_NVIDIA_SMI_SET        field values to answer instead of the capture's, per GPU:
+                           "index:field=value;..." (a GPU fault, e.g.
+                           "1:remapped_rows.pending=Yes"; "" or unset: none)
+FAKE_NVIDIA_SMI_SET_FILE   same syntax, read from a file at every call
 FAKE_NVIDIA_SMI_CALL_LOG   append each argv (one line, tab separated) to this file
 FAKE_NVIDIA_SMI_RUSAGE_LOG append "user sys" CPU seconds of this process at exit
 
@@ -42,6 +46,8 @@ KEYS = (
     "UNKNOWN_FIELDS",
     "APPS",
     "APPS_FILE",
+    "SET",
+    "SET_FILE",
     "CALL_LOG",
     "RUSAGE_LOG",
 )
@@ -235,8 +241,33 @@ def parse_apps_spec(spec: str, gpu_rows: list[dict[str, str]], template: dict[st
 def gpu_rows(capture: Capture, config: dict[str, str]) -> list[dict[str, str]]:
     count = int(config.get("GPUS") or 0)
     if count <= 0:
-        return capture.gpu_rows
-    return [replicate_gpu(capture.gpu_rows[0], i, count) for i in range(count)]
+        rows = capture.gpu_rows
+    else:
+        rows = [replicate_gpu(capture.gpu_rows[0], i, count) for i in range(count)]
+    return with_set_values(rows, set_spec(config))
+
+
+def set_spec(config: dict[str, str]) -> str:
+    if config.get("SET_FILE"):
+        try:
+            with open(config["SET_FILE"], encoding="utf-8") as handle:
+                return handle.read().strip()
+        except OSError:
+            return ""
+    return config.get("SET", "")
+
+
+def with_set_values(rows: list[dict[str, str]], spec: str) -> list[dict[str, str]]:
+    """The rows with "index:field=value;..." applied (the field must be a column)."""
+    out = [dict(row) for row in rows]
+    for item in filter(None, (part.strip() for part in spec.split(";"))):
+        index, _, assignment = item.partition(":")
+        field, sep, value = assignment.partition("=")
+        matches = [row for row in out if row.get("index") == index.strip()]
+        if not sep or not matches or field.strip() not in matches[0]:
+            raise SystemExit(f"fake nvidia-smi: bad SET item {item!r}")
+        matches[0][field.strip()] = value.strip()
+    return out
 
 
 def app_rows(capture: Capture, config: dict[str, str], gpus: list[dict[str, str]]) -> list:

@@ -22,7 +22,15 @@ from .nvidia import nvidia_gpus_and_notes
 from .query import FieldMemory, binary_identity, query_amd, query_compute_apps, query_nvidia_gpus
 from .run import Deadline
 from .slurm import SluidResolver, _read_text, job_of_pid, jobs_by_gpu
-from .state import load_xid_state, log, save_json
+from .state import (
+    boot_id,
+    load_xid_baseline,
+    load_xid_state,
+    log,
+    save_json,
+    xid_baseline_document,
+)
+from .verdict import jobs_by_gpu_index, verdict_checks, verdict_document, verdict_samples
 from .xid import collect_xids
 
 
@@ -92,7 +100,55 @@ class Collector:
         if args.xid_source != "none" and not self.xid_path:
             log("no --state-dir: XID counters restart with every process")
         self.vendor = ""  # the tools found; searched on PATH again when one fails to run
+        self.boot_id = boot_id(args.proc_root)
+        self.baseline_path = state_file(args, "xid_baseline.json")
+        self.verdict_path = state_file(args, "health.json")
+        self.baseline_boot: str | None = None
+        self.xid_baseline: dict[str, int] = {}
+        self.xid_baseline = self.load_baseline()
         self.reported: dict[str, str] = {}  # topic -> the problem last logged
+
+    def load_baseline(self) -> dict[str, int]:
+        """The XID counts the health verdict counts from. Read every cycle (``gpufleet-gpu-
+        health clear`` rewrites it); a new boot, or none yet, starts from the counts now,
+        before this boot's kernel log is read: a reboot clears XIDs. Once taken, the
+        baseline is kept in memory too: a file that cannot be written or read again never
+        moves it up to counts that already hold new XIDs."""
+        found = load_xid_baseline(self.baseline_path)
+        if found is not None and found[0] == self.boot_id:
+            self.baseline_boot = self.boot_id
+            return found[1]
+        if self.baseline_boot == self.boot_id:
+            return self.xid_baseline
+        counts = dict(self.xid_state.get("counts", {}))
+        save_json(self.baseline_path, xid_baseline_document(self.boot_id, counts))
+        self.baseline_boot = self.boot_id
+        return counts
+
+    def health(self, samples: list[Sample], error: CollectorError | None) -> list[Sample]:
+        """The verdict's series; its document for the health program goes to the state
+        directory."""
+        xids = self.args.xid_source != "none"
+        if xids:
+            self.xid_baseline = self.load_baseline()
+        checks = verdict_checks(
+            samples,
+            error.reason if error else None,
+            self.args.expected_gpus,
+            self.xid_state.get("counts", {}) if xids else None,
+            self.xid_baseline,
+            self.xid_state.get("pci_map", {}),
+        )
+        if self.verdict_path:
+            document = verdict_document(
+                checks, time.time(), self.boot_id, jobs_by_gpu_index(samples)
+            )
+            try:
+                write_textfile(Path(self.verdict_path), document, durable=False)
+                self.report("verdict", "")
+            except OSError as exc:
+                self.report("verdict", f"cannot write {self.verdict_path}: {exc.strerror or exc}")
+        return verdict_samples(checks)
 
     def journal_reserve(self) -> float:
         """Seconds of the cycle kept for journalctl after the vendor tool."""
@@ -152,7 +208,8 @@ class Collector:
             self.last_success,
             error.reason if error else None,
         )
-        text = render_metrics(samples + extra + health)
+        verdict = self.health(samples + extra, error)
+        text = render_metrics(samples + extra + health + verdict)
         return self.write_output(text) and error is None
 
     def write_output(self, text: str) -> bool:

@@ -11,13 +11,7 @@ from .kernlog import parse_xid_lines as parse_xid_lines  # the role tests' entry
 from .model import GpuData, Sample
 from .nvidia import PCI_BUS_ID_RE
 from .slurm import _read_bytes
-
-# gpu-metrics.md 5.2 "critical / drain GPU or node" tier. 63, 92, 94 are the
-# "warning" tier there (remap recorded, SBE storm, contained error): not critical.
-CRITICAL_XIDS = frozenset(
-    {46, 48, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143, 154, 155, 158}
-    | set(range(144, 151))
-)
+from .xidcatalog import CRITICAL_XIDS
 
 
 def nvidia_pci_form(key: str) -> str:

@@ -163,6 +163,11 @@ FAMILIES: dict[str, str] = {
         "GPU compute processes in the last cycle whose cgroup looks like a Slurm job's "
         "(job_<id>, slurmstepd.scope) but is not in slurmd's own hierarchy: attributed to no job."
     ),
+    "health_check": (
+        "A health check of a GPU (no gpu label: the node) that is not ok: its state (warn, "
+        "fail, unknown) and reason; value is 1. docs/health.md lists the checks."
+    ),
+    "health_verdict": "1 for the node's worst health state (fail > unknown > warn > ok).",
     "collector_success": "1 if the last collection succeeded, else 0.",
     "collector_error_info": "Reason of the last collection failure; value is 1.",
     "collector_last_success_timestamp_seconds": "Unix time of the last successful collection.",

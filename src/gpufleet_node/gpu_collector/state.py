@@ -125,6 +125,28 @@ def load_xid_state(path: str | None) -> dict[str, Any]:
     return state
 
 
+def boot_id(proc_root: str = "/proc") -> str:
+    """This boot's id; '' where the kernel does not say."""
+    return (_read_text(os.path.join(proc_root, "sys/kernel/random/boot_id")) or "").strip()
+
+
+def load_xid_baseline(path: str | None) -> tuple[str, dict[str, int]] | None:
+    """(boot id, XID counts) the health verdict counts from; None when absent or of any
+    other shape (the collector then takes a new one)."""
+    data = load_json_value(path) if path else None
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("boot_id"), str)
+        or not _valid_counts(data.get("counts"))
+    ):
+        return None
+    return data["boot_id"], dict(data["counts"])
+
+
+def xid_baseline_document(boot: str, counts: dict[str, int]) -> dict[str, Any]:
+    return {"boot_id": boot, "counts": dict(counts)}
+
+
 def save_json(path: str | None, data: dict[str, Any]) -> None:
     if not path:
         return
