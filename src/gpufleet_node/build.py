@@ -22,7 +22,7 @@ import zipfile
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
-APPS = ("slurm_exporter", "gpu_collector", "job_summary")
+APPS = ("slurm_exporter", "gpu_collector", "gpu_health", "job_summary")
 SHEBANG = b"#!/usr/bin/python3\n"
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can hold
 # Controller-side only: the builder itself is not shipped.
