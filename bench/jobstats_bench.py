@@ -49,7 +49,7 @@ import sid_deb  # noqa: E402
 from jobstats_synth import backfill, labels, prometheus  # noqa: E402
 
 from gpufleet.jobstats.idle import STEP_MIN  # noqa: E402
-from gpufleet.jobstats.promapi import PromClient  # noqa: E402
+from gpufleet_node.job_summary.prom import PromClient  # noqa: E402
 
 GIB = 1024**3
 BIG_JOB = "9000001"

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.inventory import PROMETHEUS_PORT_BASE, build_inventory
-from gpufleet.jobstats.promapi import PromError
 from gpufleet.nodelist import NodeList
 from gpufleet.web import web_client
+from gpufleet_node.job_summary.prom import PromError
 
 SERVICE = "prometheus"
 KEYS = (

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from gpufleet.jobstats.discover import JobPlace
-from gpufleet.jobstats.promapi import PromClient
+from gpufleet_node.job_summary.prom import PromClient
 from gpufleet_node.job_summary.summary import FIGURES, SAFE_GPU, figure_value, node_regex
 
 

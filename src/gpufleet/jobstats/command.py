@@ -20,7 +20,6 @@ from gpufleet.jobstats import idle, render, stored
 from gpufleet.jobstats.access import Access, inventory_access
 from gpufleet.jobstats.collect import Figures, collect
 from gpufleet.jobstats.discover import JobPlace, check_job_id, find_job, slurm_seen
-from gpufleet.jobstats.promapi import PromClient, PromError
 from gpufleet.jobstats.report import IDLE_THRESHOLD, build_report, missing_data
 from gpufleet.jobstats.targets import (
     Instance,
@@ -31,6 +30,7 @@ from gpufleet.jobstats.targets import (
     prometheus_hosts,
     single,
 )
+from gpufleet_node.job_summary.prom import PromClient, PromError
 from gpufleet_node.numbers import strict_dumps
 
 EXIT_NO_DATA = 3

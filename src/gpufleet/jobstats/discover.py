@@ -19,8 +19,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from gpufleet.jobstats.promapi import PromClient, Sample
 from gpufleet_node.job_summary.gpuids import minor_map, nvml_indices
+from gpufleet_node.job_summary.prom import PromClient, Sample
 from gpufleet_node.job_summary.summary import (
     JOB_ID,
     MAX_TIME,

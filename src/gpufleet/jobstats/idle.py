@@ -18,8 +18,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gpufleet.jobstats.promapi import PromClient, PromError
 from gpufleet.jobstats.report import IDLE_THRESHOLD
+from gpufleet_node.job_summary.prom import PromClient, PromError
 from gpufleet_node.numbers import finite, in_range
 
 DURATION = re.compile(r"^([1-9][0-9]{0,4})([hdw])$")

@@ -15,8 +15,8 @@ from typing import TypeVar
 
 from gpufleet.inventory import PROMETHEUS_PORT_BASE, prometheus_instances, prometheus_port
 from gpufleet.jobstats.access import Access
-from gpufleet.jobstats.promapi import PromClient, PromError
 from gpufleet.nodelist import NodeList
+from gpufleet_node.job_summary.prom import PromClient, PromError
 
 T = TypeVar("T")
 

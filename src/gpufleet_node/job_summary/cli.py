@@ -32,8 +32,9 @@ from functools import partial
 from typing import IO, Any, Callable, TypeVar
 
 from gpufleet_node.commands import run_command
+from gpufleet_node.httpclient import one_line
 from gpufleet_node.job_summary import gather
-from gpufleet_node.job_summary.prom import PromClient, PromError, one_line
+from gpufleet_node.job_summary.prom import PromClient, PromError
 from gpufleet_node.job_summary.summary import (
     JOB_ID,
     MAX_TEXT,

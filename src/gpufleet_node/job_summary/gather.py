@@ -1,11 +1,13 @@
 """A finished job's figures from the Prometheus instances that hold its series.
 
 The same queries as ``gpufleet jobstats`` (src/gpufleet/jobstats/discover.py and
-collect.py), which the summary must reproduce: the job's nodes, owner and span from the
+collect.py), which the summary must reproduce, through the same client
+(:mod:`gpufleet_node.job_summary.prom`): the job's nodes, owner and span from the
 Slurm exporter's ``slurm_job_gpus_allocated``; its GPUs (NVML index) from the recorded
 ``slurm_job_gpu:gpu_utilization_percent:max``, else Slurm's index through the nodes'
 device minors; then one instant query per figure over the job's span on the ``gpu:*``
-and ``node:*`` recording rules.
+and ``node:*`` recording rules. The client gives NaN and +/-Inf as they come: every
+value is checked (a range, ``figure_value``) before it is used.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Callable
 
 from gpufleet_node.job_summary.gpuids import minor_map, nvml_indices
-from gpufleet_node.job_summary.prom import PromClient, PromError
+from gpufleet_node.job_summary.prom import PromClient, PromError, Sample
 from gpufleet_node.job_summary.summary import (
     FIGURES,
     MAX_GPUS_PER_NODE,
@@ -65,7 +67,7 @@ def find(client: PromClient, job_id: str, lookback_s: int, now: float) -> Summar
     return part
 
 
-def _times(samples: Iterable[tuple[dict[str, str], float]]) -> list[float]:
+def _times(samples: Iterable[Sample]) -> list[float]:
     """The values that are Unix times (``timestamp()`` answers), in order."""
     found = (in_range(value, 0, MAX_TIME - 1) for _, value in samples)
     return [value for value in found if value is not None]
@@ -87,9 +89,7 @@ def gpu_indices(client: PromClient, part: Summary, span: str) -> dict[str, list[
     return nvml_indices(slurm, minor_map(labels), {label.get("node", "") for label in labels})
 
 
-def _pairs(
-    samples: Iterable[tuple[dict[str, str], float]], nodes: Iterable[str]
-) -> dict[str, list[str]]:
+def _pairs(samples: Iterable[Sample], nodes: Iterable[str]) -> dict[str, list[str]]:
     wanted = set(nodes)
     out: dict[str, set[str]] = {}
     for labels, _ in samples:

@@ -22,7 +22,6 @@ from types import ModuleType
 import pytest
 
 from gpufleet.cli import main
-from gpufleet.jobstats import promapi
 from gpufleet_node.httpclient import FetchError, fetch
 from gpufleet_node.job_summary import prom
 
@@ -153,16 +152,16 @@ def _fetch(url: str, timeout: float) -> None:
     fetch(f"{url}/api/v1/query", timeout, b"query=up")
 
 
-def _epilog(url: str, timeout: float) -> None:
+def _query_at(url: str, timeout: float) -> None:
     prom.PromClient(url, timeout=timeout).query("up", 0)
 
 
-def _jobstats(url: str, timeout: float) -> None:
-    promapi.PromClient(url, timeout=timeout).query("up")
+def _query(url: str, timeout: float) -> None:
+    prom.PromClient(url, timeout=timeout).query("up")
 
 
-def _jobstats_range(url: str, timeout: float) -> None:
-    promapi.PromClient(url, timeout=timeout).query_range("up", 0, 60, 60)
+def _query_range(url: str, timeout: float) -> None:
+    prom.PromClient(url, timeout=timeout).query_range("up", 0, 60, 60)
 
 
 def _demo(url: str, timeout: float) -> None:
@@ -171,9 +170,10 @@ def _demo(url: str, timeout: float) -> None:
 
 CLIENTS: dict[str, tuple[Callable[[str, float], None], type[Exception]]] = {
     "httpclient.fetch": (_fetch, FetchError),
-    "epilog (job_summary.prom)": (_epilog, prom.PromError),
-    "jobstats (promapi.query)": (_jobstats, promapi.PromError),
-    "jobstats (promapi.query_range)": (_jobstats_range, promapi.PromError),
+    # The one Prometheus client (the epilog's and jobstats'): its three ways to ask.
+    "prom.query at a time": (_query_at, prom.PromError),
+    "prom.query": (_query, prom.PromError),
+    "prom.query_range": (_query_range, prom.PromError),
     "demo report.get_json": (_demo, OSError),
 }
 

@@ -17,9 +17,9 @@ import pytest
 from jobstats_synth import free_port
 
 from gpufleet.cli import build_parser, main
-from gpufleet.jobstats.promapi import PromClient, PromError
 from gpufleet.jobstats.targets import from_inventory
 from gpufleet.nodelist import load_node_list
+from gpufleet_node.job_summary.prom import PromClient, PromError, Sample
 
 # path -> (status, body); every request's Authorization header is recorded
 ANSWERS: dict[str, tuple[int, bytes]] = {}
@@ -91,9 +91,12 @@ def test_connection_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert err == f"gpufleet report: {url}: cannot connect: [Errno 111] Connection refused\n"
 
 
-def test_not_a_url() -> None:
+@pytest.mark.parametrize(
+    "url", ["file:///etc/passwd", "http:///", "http://[::1:9090", "http://x?a=1", "http://x#f"]
+)
+def test_not_a_url(url: str) -> None:
     with pytest.raises(PromError, match="is not an http"):
-        PromClient("file:///etc/passwd")
+        PromClient(url)
 
 
 def test_basic_auth_password_from_file_or_env(
@@ -182,27 +185,113 @@ def test_a_redirect_is_an_error_and_the_credentials_stay(server: http.server.HTT
     assert len(SEEN_AUTH) == 1, "the redirect target was asked too"
 
 
-def test_credentials_in_the_url_are_refused() -> None:
-    with pytest.raises(PromError, match="no user or password"):
-        PromClient("http://ops:s3cret@127.0.0.1:9090")
+@pytest.mark.parametrize("url", ["http://ops:s3cret@127.0.0.1:9090", "ftp://ops:s3cret@x"])
+def test_credentials_in_the_url_are_refused_and_not_repeated(url: str) -> None:
+    with pytest.raises(PromError, match="no user or password") as raised:
+        PromClient(url)
+    assert "s3cret" not in str(raised.value)
 
 
-@pytest.mark.parametrize(
-    "result",
-    [
-        {"resultType": "vector"},
-        {"resultType": "vector", "result": 5},
+def test_an_empty_username_is_no_login(server: http.server.HTTPServer) -> None:
+    """The epilog's configuration says "" for no login: no Authorization header."""
+    server.mode = "ok"  # type: ignore[attr-defined]
+    ANSWERS["ok"] = (200, success({"resultType": "vector", "result": []}))
+    SEEN_AUTH.clear()
+    assert PromClient(url_of(server), username="", password="x").query("up", 0) == []
+    assert SEEN_AUTH == [""]
+
+
+def success(data: dict) -> bytes:
+    return json.dumps({"status": "success", "data": data}).encode()
+
+
+def test_non_finite_values_come_back_as_given(server: http.server.HTTPServer) -> None:
+    """NaN and +/-Inf are the callers' to judge (report idle counts what it leaves out):
+    the client neither drops them nor fails on them, in vectors, scalars and ranges."""
+    server.mode = "finite"  # type: ignore[attr-defined]
+    client = PromClient(url_of(server))
+    values = ["NaN", "+Inf", "-Inf", "1.5"]
+    result = [{"metric": {"k": v}, "value": [1, v]} for v in values]
+    ANSWERS["finite"] = (200, success({"resultType": "vector", "result": result}))
+    samples = client.query("up")
+    assert [labels["k"] for labels, _ in samples] == values
+    assert [repr(s.value) for s in samples] == ["nan", "inf", "-inf", "1.5"]
+    ANSWERS["finite"] = (200, success({"resultType": "scalar", "result": [1, "NaN"]}))
+    assert [(s.labels, repr(s.value)) for s in client.query("up")] == [({}, "nan")]
+    points = [[1, "NaN"], [2.5, "+Inf"], [4, "3"]]
+    series = [{"metric": {"job": "x"}, "values": points}]
+    ANSWERS["finite"] = (200, success({"resultType": "matrix", "result": series}))
+    [(labels, got)] = client.query_range("up", 1, 4, 1)
+    assert labels == {"job": "x"} and repr(got) == "[(1.0, nan), (2.5, inf), (4.0, 3.0)]"
+
+
+MALFORMED = {
+    "no result": ("query", {"resultType": "vector"}),
+    "result not a list": ("query", {"resultType": "vector", "result": 5}),
+    "label value not a string": (
+        "query",
         {"resultType": "vector", "result": [{"metric": {"node": 7}, "value": [1, "1"]}]},
-        {"resultType": "scalar", "result": "x"},
-    ],
-)
-def test_malformed_answers_are_one_line_errors(
-    server: http.server.HTTPServer, result: dict
-) -> None:
+    ),
+    "no labels": ("query", {"resultType": "vector", "result": [{"value": [1, "1"]}]}),
+    "value a JSON number": (
+        "query",
+        {"resultType": "vector", "result": [{"metric": {}, "value": [1, 1]}]},
+    ),
+    "value true": (
+        "query",
+        {"resultType": "vector", "result": [{"metric": {}, "value": [1, True]}]},
+    ),
+    "value no number": (
+        "query",
+        {"resultType": "vector", "result": [{"metric": {}, "value": [1, "x\ny"]}]},
+    ),
+    "time a string": (
+        "query",
+        {"resultType": "vector", "result": [{"metric": {}, "value": ["1", "1"]}]},
+    ),
+    "sample not an object": ("query", {"resultType": "vector", "result": [[1, "1"]]}),
+    "scalar not a pair": ("query", {"resultType": "scalar", "result": "x"}),
+    "a matrix for an instant query": ("query", {"resultType": "matrix", "result": []}),
+    "a vector for a range": ("query_range", {"resultType": "vector", "result": []}),
+    "range labels": (
+        "query_range",
+        {"resultType": "matrix", "result": [{"metric": {"a": None}, "values": []}]},
+    ),
+    "range values not a list": (
+        "query_range",
+        {"resultType": "matrix", "result": [{"metric": {}, "values": "x"}]},
+    ),
+    "range point not a pair": (
+        "query_range",
+        {"resultType": "matrix", "result": [{"metric": {}, "values": [[1, "1", 2]]}]},
+    ),
+    "range time too large": (
+        "query_range",
+        {"resultType": "matrix", "result": [{"metric": {}, "values": [[10**400, "1"]]}]},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_malformed_answers_are_one_line_errors(server: http.server.HTTPServer, case: str) -> None:
+    how, result = MALFORMED[case]
     server.mode = "malformed"  # type: ignore[attr-defined]
-    ANSWERS["malformed"] = (200, json.dumps({"status": "success", "data": result}).encode())
-    with pytest.raises(PromError):
-        PromClient(url_of(server)).query("up")
+    ANSWERS["malformed"] = (200, success(result))
+    client = PromClient(url_of(server))
+    with pytest.raises(PromError) as raised:
+        if how == "query":
+            client.query("up")
+        else:
+            client.query_range("up", 0, 60, 60)
+    message = str(raised.value)
+    assert message.startswith(f"{url_of(server)}: ") and "\n" not in message, message
+
+
+def test_a_sample_is_a_pair_with_names() -> None:
+    """The epilog unpacks (labels, value); jobstats reads .labels and .value."""
+    sample = Sample({"node": "g1"}, 2.0)
+    labels, value = sample
+    assert (labels, value) == (sample.labels, sample.value) == ({"node": "g1"}, 2.0)
 
 
 def test_a_dripping_answer_is_cut_at_the_deadline() -> None:

@@ -11,7 +11,7 @@ from jobstats_synth import Job, free_port, prometheus
 
 from gpufleet.cli import main
 from gpufleet.jobstats.discover import find_job
-from gpufleet.jobstats.promapi import PromClient
+from gpufleet_node.job_summary.prom import PromClient
 
 Prom = tuple[str, Job, Job]
 

@@ -18,10 +18,10 @@ from gpufleet.jobstats.idle import (
     rows,
     site_threshold,
 )
-from gpufleet.jobstats.promapi import Sample
 from gpufleet.jobstats.render import bar, clean, duration
 from gpufleet.jobstats.report import GpuStat, build_report, mean_utilization, ranges, verdict
 from gpufleet_node.job_summary.gpuids import minor_map, nvml_indices
+from gpufleet_node.job_summary.prom import Sample
 from gpufleet_node.job_summary.summary import node_regex
 
 GIB = 1024.0**3

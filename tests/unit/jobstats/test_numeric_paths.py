@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 
 from gpufleet.cli import main
-from gpufleet.jobstats import promapi, render, stored
+from gpufleet.jobstats import render, stored
 from gpufleet.jobstats.idle import THRESHOLD_SERIES
 from gpufleet_node.job_summary import cli as epilog
-from gpufleet_node.job_summary import gather
+from gpufleet_node.job_summary import gather, prom
 from gpufleet_node.job_summary.summary import (
     FIGURES,
     MAX_JOB_ID,
@@ -109,7 +109,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> Callable[[Callable[[str], str]], Fak
     def install(pick: Callable[[str], str]) -> FakeApi:
         fake = FakeApi(pick)
         monkeypatch.setattr(
-            promapi.PromClient, "_get", lambda client, path, params: fake.get(path, params)
+            prom.PromClient, "_get", lambda client, path, params: fake.get(path, params)
         )
         return fake
 
@@ -249,6 +249,29 @@ def test_the_epilog_drops_figures_that_are_no_figure() -> None:
     part = Summary("42", start=float(START), end=float(END), nodes={"g1": (1, {})})
     gather.figures(Client(), part, START, END)  # type: ignore[arg-type]
     assert part.gpus == {("g1", "0"): {}} and part.nodes["g1"][1] == {}
+
+
+def test_property_the_epilog_reads_hostile_answers_through_the_one_client(
+    api: Callable[[Callable[[str], str]], FakeApi],
+) -> None:
+    """The epilog asks through the same client as jobstats, which gives NaN and +/-Inf as
+    they come: what it stores is still a summary the reader takes, every figure a number."""
+    config = epilog.Config(instances=[("prom", ["http://prom:9090"])])
+    made = 0
+    for seed in SEEDS:
+        fake = api(hostile_picker(random.Random(f"26-10-epilog-{seed}")))
+        summary, down = epilog.summarize(config, "42", END + 10.0)
+        assert down == [] and fake.queries[0] == "vector(1)"
+        if not summary.nodes:
+            continue
+        back = decode(encode(summary), "42")
+        made += 1
+        assert back.threshold is None or 0 <= back.threshold <= 100
+        for _, values in back.nodes.values():
+            assert all(v is not None and 0 <= v <= 1e18 for v in values.values())
+        for values in back.gpus.values():
+            assert all(v is not None and 0 <= v <= 1e18 for v in values.values())
+    assert made >= len(SEEDS) // 4
 
 
 # --- job ids ---------------------------------------------------------------------------
