@@ -476,6 +476,7 @@ def self_signed(tmp_path) -> tuple[str, str]:
         ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
          "-nodes", "-keyout", str(tmp_path / "tls.key"), "-out", str(tmp_path / "tls.crt"),
          "-subj", "/CN=gpufleet-slurmctl", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-addext", "keyUsage=critical,digitalSignature,keyCertSign",
          "-days", "2"],
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
