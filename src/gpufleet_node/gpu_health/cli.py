@@ -89,7 +89,7 @@ def _count(data: dict[str, Any], key: str, low: int, high: int) -> int:
     if type(value) is not int:
         raise ConfigError(f"{key}: a whole number is needed")
     if not low <= value <= high:
-        raise ConfigError(f"{key}: {value} is outside {low}..{high}")
+        raise ConfigError(f"{key}: {str(value)[:20]} is outside {low}..{high}")
     return value
 
 
@@ -403,12 +403,14 @@ def clear(config: Config, gpu: str | None) -> int:
     if pcis == set():
         print(f"gpufleet-gpu-health: the collector knows no GPU {gpu}", file=sys.stderr)
         return 1
-    new = dict(found[1]) if found else {}
+    boot = boot_id()
+    # A baseline of an earlier boot is void: a reboot cleared every GPU's XIDs.
+    new = dict(found[1]) if found and found[0] == boot else dict(counts)
     for key, count in counts.items():
         if pcis is None or key.split("|")[0] in pcis:
             new[key] = count
     try:
-        write_textfile(Path(config.xid_baseline), json.dumps(xid_baseline_document(boot_id(), new)))
+        write_textfile(Path(config.xid_baseline), json.dumps(xid_baseline_document(boot, new)))
     except OSError as exc:
         print(f"gpufleet-gpu-health: cannot write {config.xid_baseline}: {exc}", file=sys.stderr)
         return 1
