@@ -13,11 +13,16 @@ import math
 from typing import Any
 
 
-def finite(value: float | None) -> float | None:
-    """``value`` if it is a finite number, else None (NaN, +/-Inf, None, not a number)."""
+def finite(value: Any) -> float | None:
+    """``value`` if it is a finite number, else None (NaN, +/-Inf, None, a bool, not a
+    number, or an integer beyond a float's range, on which math.isfinite would raise)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if math.isfinite(value) else None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def in_range(value: float | None, low: float, high: float) -> float | None:

@@ -33,12 +33,12 @@ from ..gpu_collector.state import (
     xid_baseline_document,
     xid_state_problem,
 )
+from ..numbers import finite
 from .decide import (
     MODES,
     Intent,
     Limits,
     Verdict,
-    finite,
     intent,
     over_valve,
     parse_verdict,

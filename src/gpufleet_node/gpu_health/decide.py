@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
+from ..numbers import finite
 from .slurmnode import NodeState
 
 MODES = ("alert", "drain", "drain+resume")
@@ -61,17 +62,6 @@ GPU_RE = re.compile(r"[0-9]{0,4}")
 JOB_RE = re.compile(r"[0-9A-Za-z_.+-]{1,64}")
 REASON_RE = re.compile(r"[ -~]{0,200}")
 CLOCK_SKEW = 60.0  # seconds a verdict may be ahead of this clock
-
-
-def finite(value: Any) -> float | None:
-    """A JSON number as a finite float; None for anything else (bools, huge integers)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
 
 
 def parse_verdict(text: str | None, now: float, max_age: float) -> Verdict:
