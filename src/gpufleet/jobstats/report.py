@@ -195,8 +195,8 @@ def verdict(gpus: list[GpuStat], threshold: float) -> tuple[str, list[str]]:
 # The verdict's first line when a GPU or node of the job faulted: the figures stay as
 # measured, but they may be the fault's (a GPU off the bus reads idle or not at all).
 FAULT_ADVICE = (
-    "a GPU health check failed during the run (see the faults): the figures and this "
-    "advice may reflect the fault, not the job (a failed GPU can read idle or stop "
+    "a GPU health check failed during the run: the figures and this advice may "
+    "reflect the fault, not the job (a failed GPU can read idle or stop "
     "reporting)"
 )
 
