@@ -31,6 +31,7 @@ from gpufleet.jobstats.targets import (
     single,
 )
 from gpufleet_node.job_summary.prom import PromClient, PromError
+from gpufleet_node.job_summary.summary import MAX_FAULTS
 from gpufleet_node.numbers import strict_dumps
 
 EXIT_NO_DATA = 3
@@ -234,13 +235,18 @@ def stored_report(args: argparse.Namespace, found: stored.Found, source: str) ->
         report.missing.append(
             f"{summary.dropped} GPUs left out of the stored summary (AdminComment size limit)"
         )
+    if summary.faults_dropped:
+        report.missing.append(
+            f"{summary.faults_dropped} GPU faults left out of the stored summary (it keeps "
+            f"the first {MAX_FAULTS} seen, fewer past the AdminComment size limit)"
+        )
     report.missing += [
         f"{name}: did not answer when the summary was stored (the job's nodes there are missing)"
         for name in summary.down
     ]
     report.sources = [source]
     # Holes exit EXIT_NO_DATA, as a live report with a shard down does.
-    code = EXIT_NO_DATA if summary.down or summary.dropped else 0
+    code = EXIT_NO_DATA if summary.down or summary.dropped or summary.faults_dropped else 0
     stderr = [f"gpufleet jobstats: {note}" for note in notes]
     if args.json:
         return Outcome(render.job_json(report), code, stderr)
@@ -271,7 +277,11 @@ def live_jobstats(args: argparse.Namespace, job_id: str) -> Outcome:
     figures = Figures({}, {})
     for url, place in parts:
         part = collect(make(url), replace(place, start=merged.start, end=merged.end))
-        figures = Figures({**figures.gpus, **part.gpus}, {**figures.nodes, **part.nodes})
+        figures = Figures(
+            {**figures.gpus, **part.gpus},
+            {**figures.nodes, **part.nodes},
+            [*figures.faults, *part.faults],
+        )
     running = merged.end >= now - RUNNING_SLACK_S
     threshold: float | None = args.threshold
     unset: list[str] = []

@@ -7,11 +7,12 @@ from dataclasses import asdict
 from typing import Any
 
 from gpufleet.jobstats.report import JobReport
-from gpufleet_node.job_summary.summary import MAX_TIME
+from gpufleet_node.job_summary.summary import MAX_TIME, Fault
 from gpufleet_node.numbers import finite, in_range, strict_dumps
 
 BAR_WIDTH = 20
 GIB = 1024**3
+MAX_FAULT_LINES = 20  # then a count; --json lists them all
 
 
 def bar(fraction: float | None, width: int = BAR_WIDTH) -> str:
@@ -61,6 +62,19 @@ def clean(text: str) -> str:
     return "".join(ch if ch.isprintable() else "?" for ch in text)[:120]
 
 
+def fault_line(fault: Fault) -> str:
+    """GPU 1 on gpu01 faulted during the run: xid79 (fallen off the bus), first seen ..."""
+    node = clean(fault.node)
+    where = f"node {node}" if fault.gpu is None else f"GPU {clean(fault.gpu)} on {node}"
+    seen = in_range(fault.first_seen, 0, MAX_TIME - 1)
+    when = (
+        "seen only between the query's steps (a brief fault)"
+        if seen is None
+        else "first seen " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(seen))
+    )
+    return f"{where} faulted during the run: {clean(fault.reason or fault.check)}, {when}"
+
+
 def job_text(report: JobReport) -> str:
     state = "running" if report.running else "ended"
     lines = [
@@ -90,6 +104,11 @@ def job_text(report: JobReport) -> str:
             f"{clean(n.node):<20} {bar(n.cpu_mean)} {_num(n.cpu_mean, '5.0%'):>6}{cpus:<8} "
             f"{bar(n.mem_max)} {_num(n.mem_max, '5.0%'):>6}{total}"
         )
+    if report.faults:
+        lines += ["", *(fault_line(f) for f in report.faults[:MAX_FAULT_LINES])]
+        if len(report.faults) > MAX_FAULT_LINES:
+            more = len(report.faults) - MAX_FAULT_LINES
+            lines.append(f"... and {more} more faults (--json lists them all)")
     mean = _num(report.util_mean, ".1f", " %")
     lines += ["", f"verdict: {report.verdict} (mean GPU utilization {mean})"]
     lines += [f"  - {line}" for line in report.advice]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from gpufleet.jobstats.collect import Figures
 from gpufleet.jobstats.discover import JobPlace
+from gpufleet_node.job_summary.summary import Fault, unique_faults
 
 IDLE_THRESHOLD = 5.0  # percent; the SlurmJobGpuIdle rules' default
 LOW_UTILIZATION = 25.0  # percent; a job's mean under this is "underused"
@@ -58,6 +59,7 @@ class JobReport:
     advice: list[str]
     missing: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)  # first seen first
 
 
 # What a report repeats of its job's place, as the place has it.
@@ -190,10 +192,22 @@ def verdict(gpus: list[GpuStat], threshold: float) -> tuple[str, list[str]]:
     return "good", advice or ["the job used its GPUs well"]
 
 
+# The verdict's first line when a GPU or node of the job faulted: the figures stay as
+# measured, but they may be the fault's (a GPU off the bus reads idle or not at all).
+FAULT_ADVICE = (
+    "a GPU health check failed during the run: the figures and this advice may "
+    "reflect the fault, not the job (a failed GPU can read idle or stop "
+    "reporting)"
+)
+
+
 def build_report(place: JobPlace, figures: Figures, threshold: float, running: bool) -> JobReport:
     gpus = gpu_stats(place, figures)
     nodes = node_stats(place, figures)
     word, advice = verdict(gpus, threshold)
+    faults = unique_faults(figures.faults)  # shards that scrape a node both
+    if faults:
+        advice = [FAULT_ADVICE, *advice]
     return JobReport(
         **{name: getattr(place, name) for name in PLACE_FIELDS},
         running=running,
@@ -204,4 +218,5 @@ def build_report(place: JobPlace, figures: Figures, threshold: float, running: b
         verdict=word,
         advice=advice,
         missing=missing_data(place, gpus, nodes),
+        faults=faults,
     )

@@ -129,5 +129,6 @@ def place_and_figures(summary: Summary) -> tuple[JobPlace, Figures]:
          for key, values in summary.gpus.items()},
         {node: {k: v for k, v in values.items() if v is not None}
          for node, (_, values) in summary.nodes.items()},
+        list(summary.faults),
     )  # fmt: skip
     return place, figures

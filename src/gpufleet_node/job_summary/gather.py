@@ -6,7 +6,8 @@ collect.py), which the summary must reproduce, through the same client
 Slurm exporter's ``slurm_job_gpus_allocated``; its GPUs (NVML index) from the recorded
 ``slurm_job_gpu:gpu_utilization_percent:max``, else Slurm's index through the nodes'
 device minors; then one instant query per figure over the job's span on the ``gpu:*``
-and ``node:*`` recording rules. The client gives NaN and +/-Inf as they come: every
+and ``node:*`` recording rules, and one for the health checks that failed on its GPUs and
+nodes (``fault_query``). The client gives NaN and +/-Inf as they come: every
 value is checked (a range, ``figure_value``) before it is used.
 """
 
@@ -24,8 +25,11 @@ from gpufleet_node.job_summary.summary import (
     SAFE_GPU,
     SAFE_NODE,
     Summary,
+    fault_query,
+    faults_of,
     figure_value,
     node_regex,
+    unique_faults,
 )
 from gpufleet_node.numbers import in_range
 
@@ -118,6 +122,10 @@ def figures(client: PromClient, part: Summary, start: float, end: float) -> None
                 part.nodes[node][1][name] = value
             elif (node, labels.get("gpu", "")) in part.gpus:
                 part.gpus[(node, labels.get("gpu", ""))][name] = value
+    held = {node: {gpu for n, gpu in part.gpus if n == node} for node in part.nodes}
+    part.faults = faults_of(
+        client.query(fault_query(part.nodes, start, end), end), held, start, end
+    )
 
 
 THRESHOLD_SERIES = "gpufleet:slurm_idle_gpu_threshold:percent"
@@ -144,6 +152,8 @@ def merge(job_id: str, parts: Sequence[Summary]) -> Summary:
         whole.cluster = whole.cluster or part.cluster
         whole.nodes.update(part.nodes)
         whole.gpus.update(part.gpus)
+        whole.faults = unique_faults([*whole.faults, *part.faults])
+        whole.faults_dropped += part.faults_dropped
     return whole
 
 

@@ -16,9 +16,15 @@ Schema 1 (JSON, compact)::
      "gpus": [[node, gpu, util_mean, util_max, mem_used_max, mem_total,
                power_mean, power_max], ...],      # NVML index; null where no data
      "dropped": 0,                                # GPU rows left out to fit MAX_ENCODED
-     "down": ["shard-1"]}                         # instances that did not answer
+     "down": ["shard-1"],                         # instances that did not answer
+     "faults": [[node, gpu, check, reason, first_seen], ...],  # only if any
+     "faults_dropped": 3}                         # only if any
 
 Shares (cpu_*, mem_max) are 0..1, utilization percent, memory bytes, power watts.
+``faults``: the GPU health checks that failed on the job's GPUs (``gpu``: NVML index) or
+its nodes (``gpu`` null) during its span, first seen at ``first_seen`` (Unix seconds, or
+null: between two query steps); at most MAX_FAULTS, the others counted in
+``faults_dropped``. A summary without them reads as one without faults.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import json
 import math
 import re
 import zlib
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -46,6 +52,8 @@ MAX_GPUS = 160000
 MAX_TEXT = 128  # user, account, partition, cluster
 MAX_VALUE = 1e18
 MAX_DOWN = 64
+MAX_FAULTS = 32  # stored; a job with more keeps the first seen ones
+MAX_COUNT = 10**6  # faults_dropped
 
 JOB_ID = re.compile(r"^[0-9]{1,12}$")
 # Slurm job ids are uint32; 0xFFFFFFFE/0xFFFFFFFF are NO_VAL/INFINITE (as the GPU collector).
@@ -69,6 +77,12 @@ FIGURES = {
     ("node", "cpus"): ("max_over_time", "node:cpus:count"),
 }
 MAX_GPUS_PER_NODE = 4096
+# GPU faults: the GPU collector's health checks (src/gpufleet_node/gpu_collector/
+# verdict.py) write node_gpu_health_check{gpu, check, state, reason} 1 every cycle for each
+# check that is not ok; a check of the whole node has no gpu label.
+HEALTH_SERIES = "node_gpu_health_check"
+FAULT_STEP_S = 60  # resolution of a fault's first-seen time
+MAX_FAULT_POINTS = 20_000  # subquery points per series: under VictoriaMetrics' 30,000
 
 NODE_FIELDS = ("cpu_mean", "cpu_max", "mem_max", "mem_total", "cpus")
 GPU_FIELDS = (
@@ -122,6 +136,75 @@ def node_regex(nodes: Iterable[str]) -> str:
     return "|".join(node.replace(".", "\\\\.") for node in sorted(nodes))
 
 
+@dataclass(frozen=True)
+class Fault:
+    """A health check that failed on one of a job's GPUs, or on one of its nodes."""
+
+    node: str
+    gpu: str | None  # NVML index; None: a check of the whole node (gpu_count, ...)
+    check: str  # xid, ecc_uncorrectable, ...
+    reason: str  # "xid79 (fallen off the bus)"; printable, at most MAX_TEXT characters
+    first_seen: float | None  # Unix time, to the query's step; None: between two steps
+
+
+def fault_query(nodes: Iterable[str], start: float, end: float) -> str:
+    """One instant query, at ``end``, for the failing health checks of ``nodes`` over the
+    span [start, end]: per series, the first time a subquery step saw it; -1 for a series
+    seen only between two steps (``max_over_time`` reads every sample: nothing is missed,
+    and ``and`` keeps out a check that had stopped failing before the span)."""
+    span = max(60, round(end - start))
+    step = max(FAULT_STEP_S, -(-span // MAX_FAULT_POINTS))
+    selector = f'{HEALTH_SERIES}{{state="fail",node=~"{node_regex(nodes)}"}}'
+    present = f"max_over_time({selector}[{span}s])"
+    first = f"min_over_time(timestamp({selector})[{span}s:{step}s])"
+    return f"({first} and {present}) or ({present} * 0 - 1)"
+
+
+def fault_order(fault: Fault) -> tuple[bool, float, str, int, str, str]:
+    """First seen first (unknown times last), then node, the node's own checks, GPU, check."""
+    seen = fault.first_seen
+    gpu = -1 if fault.gpu is None else int(fault.gpu)
+    return (seen is None, seen or 0.0, fault.node, gpu, fault.check, fault.reason)
+
+
+def unique_faults(faults: Iterable[Fault]) -> list[Fault]:
+    """In fault_order, the first seen of each (node, GPU, check): parts of one job (two
+    shards that both scrape a node) may repeat one."""
+    found: dict[tuple[str, str | None, str], Fault] = {}
+    for fault in sorted(faults, key=fault_order):
+        found.setdefault((fault.node, fault.gpu, fault.check), fault)
+    return list(found.values())
+
+
+def faults_of(
+    samples: Iterable[tuple[dict[str, str], float]],
+    gpus: Mapping[str, Collection[str]],
+    start: float,
+    end: float,
+) -> list[Fault]:
+    """The job's faults in an answer to :func:`fault_query`, sorted by :func:`fault_order`.
+
+    ``gpus``: each of the job's nodes and its GPUs (NVML indices). A check of another GPU
+    of the node is not the job's; a node's own check (no gpu label) is. One fault per
+    (node, GPU, check): the first seen (its reason may change, as an ECC error count does).
+    Label text is cleaned (printable, MAX_TEXT characters); a time outside the span is
+    taken to its bounds (a check failing when the job started: its start).
+    """
+    found = []
+    for labels, value in samples:
+        node, gpu = labels.get("node", ""), labels.get("gpu", "")
+        check = _clean(labels.get("check", ""))
+        if node not in gpus or not check or labels.get("state") != "fail":
+            continue
+        if gpu and (gpu not in gpus[node] or not SAFE_GPU.fullmatch(gpu)):
+            continue  # another job's GPU, or no GPU index
+        seen = in_range(value, 0, MAX_TIME - 1)  # -1: seen between steps
+        if seen is not None:
+            seen = min(max(seen, start), end)
+        found.append(Fault(node, gpu or None, check, _clean(labels.get("reason", "")), seen))
+    return unique_faults(found)
+
+
 class SummaryError(ValueError):
     """Text that is not a valid summary; the message is one line."""
 
@@ -146,6 +229,8 @@ class Summary(JobIdentity):
     dropped: int = 0
     down: list[str] = field(default_factory=list)  # instances that did not answer: nodes lost
     threshold: float | None = None  # the site's idle threshold (percent) when it was stored
+    faults: list[Fault] = field(default_factory=list)  # in fault_order
+    faults_dropped: int = 0
 
 
 def _number(value: float | None, digits: int) -> float | None:
@@ -179,9 +264,39 @@ def _clean(text: str) -> str:
     return "".join(ch if ch.isprintable() else "?" for ch in text)[:MAX_TEXT]
 
 
-def to_json(summary: Summary, gpu_limit: int | None = None) -> dict[str, Any]:
+def _stored_faults(summary: Summary) -> list[Fault]:
+    """The faults as decode reads them back: of a listed node, a GPU index or None, a check;
+    text cleaned, times whole seconds; one per (node, GPU, check)."""
+    faults = []
+    for fault in summary.faults:
+        seen = in_range(fault.first_seen, 0, MAX_TIME - 1)
+        stored = Fault(
+            fault.node,
+            fault.gpu,
+            _clean(fault.check),
+            _clean(fault.reason),
+            None if seen is None else math.floor(seen),
+        )
+        gpu_ok = stored.gpu is None or SAFE_GPU.fullmatch(stored.gpu)
+        if stored.node in summary.nodes and gpu_ok and stored.check:
+            faults.append(stored)
+    return unique_faults(faults)
+
+
+def to_json(
+    summary: Summary, gpu_limit: int | None = None, fault_limit: int = MAX_FAULTS
+) -> dict[str, Any]:
     gpus = sorted(summary.gpus.items(), key=lambda item: (item[0][0], int(item[0][1])))
     kept = gpus if gpu_limit is None else gpus[:gpu_limit]
+    faults = _stored_faults(summary)
+    extra: dict[str, Any] = {}
+    if faults:  # a job without faults stores what it stored before faults were
+        extra["faults"] = [
+            [f.node, f.gpu, f.check, f.reason, f.first_seen] for f in faults[:fault_limit]
+        ]
+    dropped_faults = summary.faults_dropped + len(faults) - len(faults[:fault_limit])
+    if dropped_faults:
+        extra["faults_dropped"] = min(dropped_faults, MAX_COUNT)
     return {
         "v": VERSION,
         "job": summary.job_id,
@@ -201,6 +316,7 @@ def to_json(summary: Summary, gpu_limit: int | None = None) -> dict[str, Any]:
         "dropped": summary.dropped + len(gpus) - len(kept),
         "down": [_clean(name) for name in summary.down[:MAX_DOWN]],
         "threshold": _number(in_range(summary.threshold, 0, 100), 3),  # as decode reads it
+        **extra,
     }
 
 
@@ -217,12 +333,15 @@ def encode(summary: Summary, limit: int = MAX_ENCODED) -> str:
     are left out (the last ones, counted in ``dropped``) until it fits. What is returned
     passed the reader's checks (the text stored, not the whole document: a job too large
     for the reader's bounds still gets its summary, cut)."""
-    keep = len(summary.gpus)
+    keep, faults = len(summary.gpus), MAX_FAULTS
     while True:
-        raw = _dump(to_json(summary, keep))
+        raw = _dump(to_json(summary, keep, faults))
         text = _pack(raw)
         if len(text) <= limit and len(raw) <= MAX_JSON:
             break
+        if keep == 0 and faults:
+            faults = 0  # the GPU rows went first; then the faults (counted)
+            continue
         if keep == 0:
             raise SummaryError(f"job {summary.job_id}: summary exceeds {limit} characters")
         # Proportional first (a huge job would take many steps), then a tenth at a time.
@@ -348,4 +467,32 @@ def decode(text: str, job_id: str, limit: int | None = MAX_ENCODED) -> Summary:
         if not isinstance(gpu, str) or not SAFE_GPU.fullmatch(gpu) or (node, gpu) in summary.gpus:
             raise SummaryError(f"{node}: a GPU index is not a number or is listed twice")
         summary.gpus[(node, gpu)] = _values(row[2:], GPU_FIELDS)
+    _read_faults(document, summary)
     return summary
+
+
+def _read_faults(document: dict[str, Any], summary: Summary) -> None:
+    dropped = document.get("faults_dropped", 0)
+    if isinstance(dropped, bool) or not isinstance(dropped, int) or not 0 <= dropped <= MAX_COUNT:
+        raise SummaryError("field 'faults_dropped' is not a count")
+    summary.faults_dropped = dropped
+    if "faults" not in document:
+        return
+    seen: set[tuple[str, str | None, str]] = set()
+    for node, gpu, check, reason, first in _rows(document, "faults", 5, MAX_FAULTS):
+        if not isinstance(node, str) or node not in summary.nodes:
+            raise SummaryError("a fault names a node the summary does not list")
+        if gpu is not None and (not isinstance(gpu, str) or not SAFE_GPU.fullmatch(gpu)):
+            raise SummaryError(f"{node}: a fault's GPU index is not a number")
+        fault = Fault(
+            node,
+            gpu,
+            _text({"check": check}, "check"),
+            _text({"reason": reason}, "reason"),
+            None if first is None else _time({"first_seen": first}, "first_seen"),
+        )
+        if not fault.check or (node, gpu, fault.check) in seen:
+            raise SummaryError(f"{node}: a fault without a check, or listed twice")
+        seen.add((node, gpu, fault.check))
+        summary.faults.append(fault)
+    summary.faults.sort(key=fault_order)

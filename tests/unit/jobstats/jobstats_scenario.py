@@ -5,6 +5,11 @@ or more ago, with known per-GPU utilization (UTIL; n1:2 and n1:3 idle). Job 4343
 runs now on n2's GPUs 2-3. Outside their jobs the GPUs are at 100 %, so a report that reads
 outside the job's span is off by far more than sampling error. Job 4444 (carol/bio) was
 requeued: its first run held n1:0, its second, after a 10-minute gap, n2:0.
+
+GPU health checks (the GPU collector's node_gpu_health_check, FAULTS): during job 4343,
+n2:3 (its GPU) and n2 itself (a node check) fail, n2:1 (not its GPU) fails and n2:2 only
+warns; n1:0 failed until 2 minutes before job 4242 started (within the lookback delta of
+its first steps). Job 4242 had no fault.
 """
 
 from __future__ import annotations
@@ -28,6 +33,23 @@ UTIL = {
 MEM_USED_GIB = {("n1", 0): 30.0, ("n1", 1): 30.0, ("n2", 0): 60.0, ("n2", 1): 10.0}
 CPU = {"n1": 0.25, "n2": 0.5}
 SITE_THRESHOLD = 10.0
+
+
+def faults(hour: int, now: float) -> list[tuple[dict[str, str], int, int]]:
+    """(labels, first, last sample time) of each failing or warning health check."""
+    until = int(now) // STEP * STEP
+    n2 = {"node": "n2", "state": "fail"}
+    return [
+        ({**n2, "gpu": "3", "check": "xid", "reason": "xid79 (fallen off the bus)"},
+         hour - 1800, until),
+        ({**n2, "gpu": "1", "check": "ecc_uncorrectable", "reason": "2 uncorrectable ECC errors"},
+         hour - 1500, until),
+        ({**n2, "check": "gpu_count", "reason": "3 of 4 GPUs present"}, hour - 900, hour - 600),
+        ({"node": "n2", "state": "warn", "gpu": "2", "check": "retired_pages",
+          "reason": "page retirement pending, reboot"}, hour - 1800, until),
+        ({"node": "n1", "state": "fail", "gpu": "0", "check": "row_remap_pending",
+          "reason": "row remap pending, reset the GPU"}, hour - 5 * 3600, hour - 3 * 3600 - 120),
+    ]  # fmt: skip
 
 
 def build_jobs(now: float) -> tuple[Job, Job, int]:
@@ -123,6 +145,13 @@ def write_series(path: Path, now: float) -> tuple[Job, Job]:
         # The site's idle threshold as the rules record it (no labels); not the default 5,
         # so the reports show that they read it. The idle GPUs are the same under 5 and 10.
         "gpufleet:slurm_idle_gpu_threshold:percent": [(labels(), lambda t: SITE_THRESHOLD)],
+        "node_gpu_health_check": [
+            (
+                labels(**{**base, **pairs}),
+                lambda t, first=first, last=last: 1.0 if first <= t <= last else None,
+            )
+            for pairs, first, last in faults(hour, now)
+        ],
     }
     with path.open("w", encoding="utf-8") as out:
         for name, series in families.items():

@@ -612,6 +612,28 @@ def test_jobstats_falls_back_to_the_stored_summary(
                                  "AdminComment, read with sacct)")  # fmt: skip
 
 
+def test_the_stored_summary_keeps_the_jobs_faults(
+    prom: Prom, slurm: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Job 4343: its GPU n2:3 and its node n2 failed a health check (jobstats_scenario);
+    the summary read back reports them as the live report does."""
+    url, _, running = prom
+    assert epilog.main(["--config", config(slurm, url), "--job-id", running.job_id]) == 0
+    (slurm / "comment").write_text(stored_comment(slurm, running.job_id), encoding="utf-8")
+    code, out, err = run(capsys, "jobstats", running.job_id, "--prometheus", url, "--json")
+    assert code == 0, err
+    live = json.loads(out)
+    argv = ["jobstats", running.job_id, "--summary", str(slurm / "comment"), "--json"]
+    code, out, err = run(capsys, *argv)
+    assert code == 0, err
+    report = json.loads(out)
+    assert [(f["node"], f["gpu"], f["check"]) for f in live["faults"]] == [
+        ("n2", "3", "xid"),
+        ("n2", None, "gpu_count"),
+    ]
+    assert report["faults"] == live["faults"] and report["advice"] == live["advice"]
+
+
 def test_jobstats_reads_a_summary_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "77.txt"
     path.write_text(encode(small()), encoding="utf-8")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from jobstats_synth import Job, free_port, prometheus
 
 from gpufleet.cli import main
 from gpufleet.jobstats.discover import find_job
+from gpufleet.jobstats.report import FAULT_ADVICE
 from gpufleet_node.job_summary.prom import PromClient
 
 Prom = tuple[str, Job, Job]
@@ -52,6 +54,8 @@ def test_job_report_matches_the_known_load(prom: Prom, capsys: pytest.CaptureFix
     assert "n1: GPUs 2-3 stayed under 10 % utilization for the whole run" in report["advice"]
     assert "request 4 GPUs instead of 6" in report["advice"]
     assert report["missing"] == []
+    # n1:0 failed until 2 minutes before the job: not the job's fault
+    assert report["faults"] == [] and not any("health check" in a for a in report["advice"])
 
 
 def test_the_span_ends_at_the_last_sample_between_whole_minutes(prom: Prom) -> None:
@@ -106,6 +110,42 @@ def test_running_job(prom: Prom, capsys: pytest.CaptureFixture[str]) -> None:
     assert report["running"] is True
     assert report["verdict"] == "good"
     assert [g["util_mean"] for g in report["gpus"]] == [70.0, 70.0]
+
+
+def test_running_job_reports_the_faults_of_its_gpus_and_node(
+    prom: Prom, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """n2:3 (the job's) fails from hour - 30 min, n2 itself from hour - 15 min for 5
+    minutes; n2:1 (not the job's) fails, n2:2 only warns: neither is reported."""
+    url, _, running = prom
+    hour = running.start + 3600
+    code, out, err = run(capsys, "jobstats", running.job_id, "--prometheus", url, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["faults"] == [
+        {
+            "node": "n2",
+            "gpu": "3",
+            "check": "xid",
+            "reason": "xid79 (fallen off the bus)",
+            "first_seen": hour - 1800,
+        },
+        {
+            "node": "n2",
+            "gpu": None,
+            "check": "gpu_count",
+            "reason": "3 of 4 GPUs present",
+            "first_seen": hour - 900,
+        },
+    ]
+    assert report["verdict"] == "good" and report["advice"][0] == FAULT_ADVICE
+    code, out, err = run(capsys, "jobstats", running.job_id, "--prometheus", url)
+    assert code == 0, err
+    seen = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(hour - 1800))
+    assert (
+        f"GPU 3 on n2 faulted during the run: xid79 (fallen off the bus), first seen {seen}"
+        in out.splitlines()
+    )
 
 
 def test_requeued_job_reports_its_last_run(prom: Prom, capsys: pytest.CaptureFixture[str]) -> None:

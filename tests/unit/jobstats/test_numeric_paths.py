@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_prom import END, START, FakeApi
 
 from gpufleet.cli import main
 from gpufleet.jobstats import render, stored
-from gpufleet.jobstats.idle import THRESHOLD_SERIES
 from gpufleet_node.job_summary import cli as epilog
 from gpufleet_node.job_summary import gather, prom
 from gpufleet_node.job_summary.summary import (
@@ -39,7 +39,6 @@ from gpufleet_node.job_summary.summary import (
 from gpufleet_node.numbers import finite_tree, strict_dumps
 
 HOSTILE = ["NaN", "+Inf", "-Inf", "1e308", "-1", "0", "-0", "1e-320", "1e30", "3.5", "99.9"]
-START, END = 1_764_115_200, 1_764_122_400
 SEEDS = range(40)
 
 
@@ -50,48 +49,6 @@ def no_constants(name: str) -> Any:
 def strict(text: str) -> Any:
     """json.loads that refuses NaN, Infinity and -Infinity."""
     return json.loads(text, parse_constant=no_constants)
-
-
-class FakeApi:
-    """Answers the queries jobstats and report idle make, with values from ``pick``."""
-
-    def __init__(self, pick: Callable[[str], str]) -> None:
-        self.pick = pick
-        self.queries: list[str] = []
-
-    def vector(self, query: str) -> list[dict[str, Any]]:
-        def sample(labels: dict[str, str], kind: str) -> dict[str, Any]:
-            return {"metric": labels, "value": [END, self.pick(kind)]}
-
-        node = {"node": "g1", "user": "alice", "account": "phys", "partition": "gpu"}
-        if query.startswith("max_over_time(slurm_job_gpus_allocated"):
-            return [sample(node, "count")]
-        if "timestamp(" in query:
-            return [sample({}, "time")]
-        if "slurm_job_gpu:gpu_utilization_percent:max" in query and "sum by" not in query:
-            return [{"metric": {"node": "g1", "gpu": g}, "value": [END, "1"]} for g in "01"]
-        if THRESHOLD_SERIES in query:
-            return [sample({}, "threshold")]
-        if "last_over_time(" in query or query.startswith("count(max_over_time"):
-            return [sample({}, "count")]
-        if query.startswith("sum by (user, account)"):
-            return [sample({"user": u, "account": "a"}, "hours") for u in ("u1", "u2")]
-        if query.startswith("sum by ("):
-            key = query[len("sum by (") : query.index(")")]
-            return [sample({key: name}, "hours") for name in ("x", "y", "z")]
-        for (kind, _), (_, series) in FIGURES.items():
-            if series in query:
-                labels = {"node": "g1", "gpu": "0"} if kind == "gpu" else {"node": "g1"}
-                return [sample(labels, "figure"), sample({**labels, "gpu": "1"}, "figure")]
-        return []
-
-    def get(self, path: str, params: dict[str, str]) -> Any:
-        query = params["query"]
-        self.queries.append(query)
-        if path.endswith("query_range"):
-            values = [[START, self.pick("count")], [END, self.pick("count")]]
-            return {"resultType": "matrix", "result": [{"metric": {}, "values": values}]}
-        return {"resultType": "vector", "result": self.vector(query)}
 
 
 def hostile_picker(rng: random.Random) -> Callable[[str], str]:
