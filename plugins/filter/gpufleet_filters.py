@@ -14,6 +14,7 @@ from typing import Any
 import bcrypt
 
 try:
+    from gpufleet import scrape_targets
     from gpufleet.inventory import prometheus_port
     from gpufleet.slurm_native import native_metrics_problem, parse_show_config
     from gpufleet_node.gpu_collector.slurm import valid_cgroup_root
@@ -21,9 +22,15 @@ except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(
         0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "src")
     )
+    from gpufleet import scrape_targets
     from gpufleet.inventory import prometheus_port
     from gpufleet.slurm_native import native_metrics_problem, parse_show_config
     from gpufleet_node.gpu_collector.slurm import valid_cgroup_root
+
+# Pure functions of src/gpufleet, under their filter names (tests and bench/ import these).
+gpufleet_targets = scrape_targets.targets
+gpufleet_metrics_paths = scrape_targets.metrics_paths
+gpufleet_shard_targets = scrape_targets.shard_targets
 
 # bcrypt's own base64 alphabet (not the standard one).
 _BCRYPT_ALPHABET = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
@@ -49,85 +56,9 @@ def gpufleet_bcrypt(password: str, seed: str, rounds: int = 10) -> str:
     return bcrypt.hashpw(str(password).encode(), bcrypt_salt(seed, rounds)).decode()
 
 
-def _host_port(address: str, port: int) -> str:
-    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
-
-
-def gpufleet_targets(
-    hostnames: list[str], hostvars, port: int, port_variable: str | None = None
-) -> list[dict]:
-    """file_sd target groups for one exporter on hosts, labelled from the inventory.
-
-    The port is each host's own port_variable (node_exporter_port, from its host_vars or
-    group_vars), else ``port``: an override moves the scrape with the exporter. The
-    labels are the inventory plugin's gpufleet_target_labels plus node (the inventory
-    name, which Slurm and the dashboards use); roles never derive them.
-    """
-    groups = []
-    for name in sorted(hostnames):
-        host = hostvars[name]
-        labels = {str(k): str(v) for k, v in dict(host.get("gpufleet_target_labels") or {}).items()}
-        labels["node"] = name
-        address = str(host.get("ansible_host") or name)
-        own = host.get(port_variable) if port_variable else None
-        groups.append({"targets": [_host_port(address, _port(own, port, name))], "labels": labels})
-    return groups
-
-
-def gpufleet_metrics_paths(groups: list[dict], paths: list[str] | None) -> list[dict]:
-    """One target group per group and path, its __metrics_path__ set: one job scrapes
-    several endpoints of the same daemon (slurmctld's /metrics/nodes, /metrics/jobs...)."""
-    if not paths:
-        return groups
-    for path in paths:
-        if not isinstance(path, str) or not path.startswith("/") or any(c in path for c in "?# "):
-            raise ValueError(f"metrics path {path!r} is not an absolute URL path")
-    return [
-        # metrics_path keeps the endpoints' up (and scrape_*) series apart: one failing
-        # endpoint must not make a single `up` series flap.
-        {
-            "targets": group["targets"],
-            "labels": {**group["labels"], "__metrics_path__": path, "metrics_path": path},
-        }
-        for group in groups
-        for path in paths
-    ]
-
-
-def _port(value, default: int, host: str) -> int:
-    """A TCP port from the inventory (a number or its text), else default."""
-    value = default if value is None or value == "" else value
-    text = str(value).strip()
-    if not text.isdigit() or not 0 < int(text) < 65536:
-        raise ValueError(f"host {host}: port {value!r} is not a TCP port (1-65535)")
-    return int(text)
-
-
 def gpufleet_prometheus_port(instance: dict, port_base: int) -> int:
     """standalone and global listen on the base port; shard k on base + 1 + k."""
     return prometheus_port(instance, port_base)
-
-
-def gpufleet_shard_targets(prometheus_hosts: list[str], hostvars, port_base: int) -> list[dict]:
-    """file_sd target groups for every shard instance (all replicas) in the inventory."""
-    groups = []
-    for name in sorted(prometheus_hosts):
-        host = hostvars[name]
-        address = str(host.get("ansible_host") or name)
-        for instance in host.get("gpufleet_prometheus_instances") or []:
-            if instance.get("mode") != "shard":
-                continue
-            groups.append(
-                {
-                    "targets": [_host_port(address, gpufleet_prometheus_port(instance, port_base))],
-                    "labels": {
-                        "shard": str(instance["shard"]),
-                        "replica": str(instance["replica"]),
-                        "node": name,
-                    },
-                }
-            )
-    return sorted(groups, key=lambda g: (int(g["labels"]["shard"]), g["labels"]["replica"]))
 
 
 # --- the Slurm exporter's per-shard scrapes (roles/slurm_exporter, roles/prometheus) --------
