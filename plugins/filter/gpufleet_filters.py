@@ -29,6 +29,8 @@ except ImportError:  # running from a checkout without `pip install -e .`
 # Pure functions of src/gpufleet, under their filter names (tests and bench/ import these).
 gpufleet_targets = scrape_targets.targets
 gpufleet_metrics_paths = scrape_targets.metrics_paths
+gpufleet_mode_jobs = scrape_targets.mode_jobs
+gpufleet_registry_targets = scrape_targets.registry_targets
 gpufleet_shard_targets = scrape_targets.shard_targets
 gpufleet_firewall_sources = firewall.sources
 gpufleet_firewall_rules = firewall.rules
@@ -151,6 +153,8 @@ class FilterModule:
             "gpufleet_targets": gpufleet_targets,
             "gpufleet_metrics_paths": gpufleet_metrics_paths,
             "gpufleet_prometheus_port": gpufleet_prometheus_port,
+            "gpufleet_mode_jobs": gpufleet_mode_jobs,
+            "gpufleet_registry_targets": gpufleet_registry_targets,
             "gpufleet_shard_targets": gpufleet_shard_targets,
             "gpufleet_slurmctld_metrics_problem": gpufleet_slurmctld_metrics_problem,
             "gpufleet_scrape_job_defaults": gpufleet_scrape_job_defaults,

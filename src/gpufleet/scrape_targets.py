@@ -1,7 +1,9 @@
-"""Prometheus' file_sd targets, from the inventory.
+"""Prometheus' file_sd targets, from the exporter registry and the inventory.
 
-Pure: no Ansible imports, no I/O. The roles call these through the filters of
-plugins/filter/gpufleet_filters.py, with the inventory's hostvars; every target group is
+Pure: no Ansible imports, no I/O. The prometheus role's vars (``_prometheus_jobs``,
+``_prometheus_targets``) call these through the filters of
+plugins/filter/gpufleet_filters.py, with the exporter registry (roles/exporters), the
+inventory's groups and its hostvars; every target group is
 ``{"targets": ["address:port"], "labels": {...}}``.
 """
 
@@ -11,6 +13,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TypedDict
 
 from gpufleet.inventory import prometheus_port
+from gpufleet.sizing import registry_field
+
+# The kinds of Prometheus instance (gpufleet.inventory.prometheus_instances): an
+# exporter's `modes` names those that scrape it.
+MODES = ("standalone", "shard", "global")
 
 
 class TargetGroup(TypedDict):
@@ -76,6 +83,49 @@ def metrics_paths(groups: list[TargetGroup], paths: list[str] | None) -> list[Ta
         for group in groups
         for path in paths
     ]
+
+
+def mode_jobs(registry: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
+    """The scrape jobs of each kind of instance: {mode: [job, ...]} for every mode, in
+    the registry's order (an entry's `modes` lists the kinds that scrape it)."""
+    return {
+        mode: [
+            job
+            for job, exporter in registry.items()
+            if mode in registry_field(job, exporter, "modes")
+        ]
+        for mode in MODES
+    }
+
+
+def registry_targets(
+    registry: Mapping[str, Mapping[str, Any]],
+    groups: Mapping[str, Iterable[str]],
+    hostvars: Mapping[str, Any],
+    scraped: Iterable[str],
+) -> dict[str, list[TargetGroup]]:
+    """The target groups of every registry job: {job: [TargetGroup, ...]}.
+
+    A sharded exporter runs on the hosts of its group that the instance scrapes
+    (``scraped``: the hosts of its shard, or every host for a standalone instance); any
+    other on every host of its group (none when the inventory has no such group). Each
+    on the host's own port variable, else the entry's port; an entry with metrics_paths
+    gets one group per host and path.
+    """
+    scraped = set(scraped)
+    out: dict[str, list[TargetGroup]] = {}
+    for job, exporter in registry.items():
+        hosts = list(groups.get(registry_field(job, exporter, "group")) or [])
+        if registry_field(job, exporter, "sharded"):
+            hosts = [name for name in dict.fromkeys(hosts) if name in scraped]
+        found = targets(
+            hosts,
+            hostvars,
+            registry_field(job, exporter, "port"),
+            registry_field(job, exporter, "port_variable"),
+        )
+        out[job] = metrics_paths(found, exporter.get("metrics_paths"))
+    return out
 
 
 def shard_targets(

@@ -160,6 +160,14 @@ def checked_registry(data: Any, file: str) -> dict[str, dict[str, Any]]:
     return registry
 
 
+def registry_field(job: str, entry: Mapping[str, Any], key: str) -> Any:
+    """A key every registry entry has (exporters_registry.<job>.<key>), by name when missing:
+    the roles' filters (gpufleet.scrape_targets, gpufleet.firewall) read the entries."""
+    if key not in entry:
+        raise ValueError(f"exporters_registry.{job} has no {key}")
+    return entry[key]
+
+
 @cache
 def read_registry(path: Path) -> dict[str, dict[str, Any]]:
     """The registry as the strict loader reads it; the roles read the same file through

@@ -7,7 +7,9 @@ the real and an extended exporter registry, including edge cases the example inv
 lacks (port overrides as text and as null, an IPv6 host, a host without ansible_host, an
 empty group, a group the inventory lacks, a duplicated group member, duplicated ports, a
 role named twice, modes as one string, metrics paths). The values must stay exactly
-these, down to the order of keys and lists, and so must each error.
+these, down to the order of keys and lists, and so must each error: they are what the
+roles' Jinja loops and filter chains gave before those became filter calls into
+src/gpufleet (scrape_targets, firewall).
 
 What runs for real: the roles' vars rendered by Ansible's own Templar (render_role).
 To regenerate the file after an intended change: python tests/unit/test_role_vars_golden.py
