@@ -14,7 +14,7 @@ import bcrypt
 
 try:
     from gpufleet import firewall, scrape_targets
-    from gpufleet.inventory import prometheus_port
+    from gpufleet.inventory import prometheus_port, prometheus_ports
     from gpufleet.slurm_native import native_metrics_problem, parse_show_config
     from gpufleet_node.gpu_collector.slurm import valid_cgroup_root
 except ImportError:  # running from a checkout without `pip install -e .`
@@ -22,7 +22,7 @@ except ImportError:  # running from a checkout without `pip install -e .`
         0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "src")
     )
     from gpufleet import firewall, scrape_targets
-    from gpufleet.inventory import prometheus_port
+    from gpufleet.inventory import prometheus_port, prometheus_ports
     from gpufleet.slurm_native import native_metrics_problem, parse_show_config
     from gpufleet_node.gpu_collector.slurm import valid_cgroup_root
 
@@ -32,6 +32,8 @@ gpufleet_metrics_paths = scrape_targets.metrics_paths
 gpufleet_mode_jobs = scrape_targets.mode_jobs
 gpufleet_registry_targets = scrape_targets.registry_targets
 gpufleet_shard_targets = scrape_targets.shard_targets
+gpufleet_prometheus_ports = prometheus_ports
+gpufleet_firewall_exporters = firewall.exporter_services
 gpufleet_firewall_sources = firewall.sources
 gpufleet_firewall_rules = firewall.rules
 
@@ -153,6 +155,7 @@ class FilterModule:
             "gpufleet_targets": gpufleet_targets,
             "gpufleet_metrics_paths": gpufleet_metrics_paths,
             "gpufleet_prometheus_port": gpufleet_prometheus_port,
+            "gpufleet_prometheus_ports": gpufleet_prometheus_ports,
             "gpufleet_mode_jobs": gpufleet_mode_jobs,
             "gpufleet_registry_targets": gpufleet_registry_targets,
             "gpufleet_shard_targets": gpufleet_shard_targets,
@@ -161,6 +164,7 @@ class FilterModule:
             "gpufleet_node_shards": gpufleet_node_shards,
             "gpufleet_valid_cgroup_root": gpufleet_valid_cgroup_root,
             "gpufleet_slurm_params": gpufleet_slurm_params,
+            "gpufleet_firewall_exporters": gpufleet_firewall_exporters,
             "gpufleet_firewall_sources": gpufleet_firewall_sources,
             "gpufleet_firewall_rules": gpufleet_firewall_rules,
         }

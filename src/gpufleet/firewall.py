@@ -1,8 +1,9 @@
 """The exporter firewall's rules (roles/exporter_firewall), from the inventory.
 
 Pure: no Ansible imports, no I/O. The role's vars call these through the filters of
-plugins/filter/gpufleet_filters.py: rules turns the services that run on a host into its
-nftables rules, from the sources (:func:`sources`) that may reach each.
+plugins/filter/gpufleet_filters.py: exporter_services makes the registry's exporters
+services, rules turns the services that run on a host into its nftables rules, from
+the sources (:func:`sources`) that may reach each.
 """
 
 from __future__ import annotations
@@ -10,13 +11,60 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
+
+from gpufleet.sizing import registry_field
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 # Read from the hosts that are sources: the addresses their connections come from.
 _SOURCE_ADDRESSES = "exporter_firewall_source_addresses"
 _PROTOCOLS = ("tcp", "udp")
+# Who may reach an exporter: Prometheus (shards, replicas, standalone and global
+# instances) and the addresses of exporter_firewall_extra_sources.
+_EXPORTER_SOURCE_GROUPS = ("prometheus", "prometheus_global")
+_EXPORTER_SOURCE_VARIABLES = ("exporter_firewall_extra_sources",)
+
+
+class Service(TypedDict, total=False):
+    """A protected service, as :func:`rules` reads it (group is required)."""
+
+    rule: str
+    group: str
+    tcp: dict[str, Any]
+    udp: dict[str, Any]
+    source_groups: list[str]
+    source_variables: list[str]
+
+
+def exporter_services(
+    registry: Mapping[str, Mapping[str, Any]], host_vars: Mapping[str, Any]
+) -> dict[str, Service]:
+    """The services of the registry's exporters with firewall: true, by their role.
+
+    Each is in the "exporter" rule, runs on its group's hosts and listens on this host's
+    own port variable (host_vars: the host's inventory variables) when the inventory
+    sets it, else on the registry's port: where Prometheus scrapes it. A value is kept
+    as it is (a null one too, which :func:`rules` refuses, naming the variable).
+    Prometheus and exporter_firewall_extra_sources may connect. Two entries of one role
+    make one service, the later one's.
+    """
+    out: dict[str, Service] = {}
+    for job, exporter in registry.items():
+        if not registry_field(job, exporter, "firewall"):
+            continue
+        variable = registry_field(job, exporter, "port_variable")
+        port = (
+            host_vars[variable] if variable in host_vars else registry_field(job, exporter, "port")
+        )
+        out[registry_field(job, exporter, "role")] = {
+            "rule": "exporter",
+            "group": registry_field(job, exporter, "group"),
+            "tcp": {variable: port},
+            "source_groups": list(_EXPORTER_SOURCE_GROUPS),
+            "source_variables": list(_EXPORTER_SOURCE_VARIABLES),
+        }
+    return out
 
 
 def _networks(values: Iterable[object] | None, where: str) -> list[Network]:

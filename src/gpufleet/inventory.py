@@ -6,7 +6,7 @@ This is the contract the roles consume; docs/inventory.md documents every name.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +91,14 @@ def prometheus_port(instance: Mapping[str, Any], port_base: int = PROMETHEUS_POR
     if instance.get("mode") == "shard":
         return int(port_base) + 1 + int(instance["shard"])
     return int(port_base)
+
+
+def prometheus_ports(
+    instances: Iterable[Mapping[str, Any]], port_base: int = PROMETHEUS_PORT_BASE
+) -> list[int]:
+    """The port of each of instances, in their order (:func:`prometheus_port`): what the
+    exporter firewall opens on a prometheus host."""
+    return [prometheus_port(instance, port_base) for instance in instances]
 
 
 def prometheus_instances(monitoring: Monitoring) -> dict[str, list[dict[str, Any]]]:
