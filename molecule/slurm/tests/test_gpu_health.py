@@ -34,7 +34,7 @@ NODE_METRICS = "http://127.0.0.1:9100/metrics"
 ACTS_WITHIN = 60
 # The fake GPUs' PCI addresses (tests/gpu/fake_nvidia_smi.py: index 1 is bus 0x2A).
 PCI = {0: "0000:18:00", 1: "0000:2a:00"}
-LINE = re.compile(r"^(\w+)\{([^}]*)\} (\S+)$")
+LINE = re.compile(r"^(\w+)(?:\{([^}]*)\})? (\S+)$")  # with or without labels
 
 
 def slurm_node(ctl, name: str) -> dict:
@@ -63,7 +63,7 @@ def node_metrics(node) -> list[tuple[str, dict[str, str], float]]:
     for line in node.check_output(f"curl -fsS {NODE_METRICS}").splitlines():
         match = LINE.match(line)
         if match and match.group(1).startswith("node_gpu_health"):
-            labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match.group(2)))
+            labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match.group(2) or ""))
             found.append((match.group(1), labels, float(match.group(3))))
     return found
 
