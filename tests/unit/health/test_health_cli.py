@@ -719,19 +719,11 @@ COUNTS = {"0000:18:00|79": 2, "0000:2a:00|48": 1, "0000:2a:00|13": 9}
 PCI_MAP = {"0000:18:00": ["0", "GPU-0"], "0000:2a:00": ["1", "GPU-1"]}
 
 
-def real_boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="utf-8") as handle:
-            return handle.read().strip()
-    except OSError:
-        return ""
-
-
 def test_clear_takes_every_count_now(tmp_path, journal):
     xid_files(tmp_path, COUNTS, PCI_MAP, {"boot_id": "old", "counts": {"0000:18:00|79": 1}})
     config = make_config(tmp_path)
     assert cli.clear(config, None) == 0
-    assert baseline_of(tmp_path) == {"boot_id": real_boot_id(), "counts": COUNTS}
+    assert baseline_of(tmp_path) == {"boot_id": boot_id(), "counts": COUNTS}
     assert (syslog.LOG_INFO, "XIDs cleared on gpu-a by an admin") in journal
 
 
@@ -819,7 +811,7 @@ def test_clear_without_an_xid_state_writes_an_empty_baseline(tmp_path, journal):
     baseline taken is empty."""
     (tmp_path / "collector-state").mkdir()
     assert cli.main(["--config", str(write_config(tmp_path)), "clear"]) == 0
-    assert baseline_of(tmp_path) == {"boot_id": real_boot_id(), "counts": {}}
+    assert baseline_of(tmp_path) == {"boot_id": boot_id(), "counts": {}}
     assert (syslog.LOG_INFO, "XIDs cleared on gpu-a by an admin") in journal
 
 

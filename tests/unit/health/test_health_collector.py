@@ -13,21 +13,13 @@ from health_helpers import BUS, FAKE_SMI, H100, make_config, parse_prom, values_
 
 from gpufleet_node.gpu_collector import cli as collector_cli
 from gpufleet_node.gpu_collector import collect, state
+from gpufleet_node.gpu_collector.state import boot_id
 from gpufleet_node.gpu_health import cli, decide
 
 XID79 = "NVRM: Xid (PCI:0000:{bus}:00): 79, pid=1, GPU has fallen off the bus."
 XID48 = "NVRM: Xid (PCI:0000:{bus}:00): 48, pid=1, DBE (0x1,0x0)."
 XID63 = "NVRM: Xid (PCI:0000:{bus}:00): 63, pid=1896, Row Remapper: New row marked for remapping."
 XID13 = "NVRM: Xid (PCI:0000:{bus}:00): 13, Graphics SM Warp Exception on (GPC 0, TPC 0)"
-
-
-def real_boot_id() -> str:
-    """What `gpufleet-gpu-health clear` writes (it reads /proc itself)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="utf-8") as handle:
-            return handle.read().strip()
-    except OSError:
-        return ""
 
 
 class Node:
@@ -49,7 +41,7 @@ class Node:
         self.textfile.mkdir()
         self.state = tmp_path / "collector-state"
         self.proc = tmp_path / "proc"
-        self.set_boot_id(real_boot_id())
+        self.set_boot_id(boot_id())
         self.kern = tmp_path / "kern.log"
         self.kern.write_text("")
         self.config = make_config(tmp_path)  # the health program's paths: self.state/*
@@ -132,7 +124,7 @@ def test_a_healthy_node_writes_series_and_document(gpu_node):
     assert "# TYPE node_gpu_health_verdict gauge" in text
     document = gpu_node.document()
     assert document["version"] == 1
-    assert document["boot_id"] == real_boot_id()
+    assert document["boot_id"] == boot_id()
     assert document["verdict"] == "ok"
     checks = document["checks"]
     assert len(checks) == 2 + 8 + 8 * 5
@@ -149,7 +141,7 @@ def test_a_healthy_node_writes_series_and_document(gpu_node):
     }
     assert [c["gpu"] for c in checks if c["check"] == "xid"] == [str(i) for i in range(8)]
     assert gpu_node.verdict() == decide.Verdict("ok", document["time"], ())
-    assert gpu_node.baseline() == {"boot_id": real_boot_id(), "counts": {}}
+    assert gpu_node.baseline() == {"boot_id": boot_id(), "counts": {}}
 
 
 def test_a_critical_xid_fails_and_clear_passes_again(gpu_node):
@@ -324,7 +316,7 @@ def test_baselines_of_another_shape_are_replaced(gpu_node, content):
     assert state.load_xid_baseline(_write_baseline(gpu_node, content)) is None
     write_state(gpu_node, {"0000:18:00|79": 4})
     assert collector_of(gpu_node).xid_baseline == {"0000:18:00|79": 4}
-    assert gpu_node.baseline() == {"boot_id": real_boot_id(), "counts": {"0000:18:00|79": 4}}
+    assert gpu_node.baseline() == {"boot_id": boot_id(), "counts": {"0000:18:00|79": 4}}
 
 
 def _write_baseline(gpu_node: Node, content: str) -> str:
@@ -341,8 +333,8 @@ def test_load_xid_baseline():
 
 def test_a_baseline_of_this_boot_is_kept(gpu_node):
     counts = {"0000:18:00|79": 2, "0000:2a:00|48": 7}
-    path = _write_baseline(gpu_node, json.dumps({"boot_id": real_boot_id(), "counts": counts}))
-    assert state.load_xid_baseline(path) == (real_boot_id(), counts)
+    path = _write_baseline(gpu_node, json.dumps({"boot_id": boot_id(), "counts": counts}))
+    assert state.load_xid_baseline(path) == (boot_id(), counts)
     write_state(gpu_node, {"0000:18:00|79": 9})
     collector = collector_of(gpu_node)
     assert collector.xid_baseline == counts
@@ -354,7 +346,7 @@ def test_a_baseline_of_another_boot_takes_the_counts_now(gpu_node):
     _write_baseline(gpu_node, json.dumps({"boot_id": "old", "counts": {"0000:18:00|79": 1}}))
     write_state(gpu_node, {"0000:18:00|79": 3})
     assert collector_of(gpu_node).xid_baseline == {"0000:18:00|79": 3}
-    assert gpu_node.baseline()["boot_id"] == real_boot_id()
+    assert gpu_node.baseline()["boot_id"] == boot_id()
 
 
 def test_the_baseline_is_read_again_every_cycle(gpu_node):
