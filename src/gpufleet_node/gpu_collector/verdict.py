@@ -194,8 +194,11 @@ def _num(gpu: str) -> tuple[int, str]:
 
 
 def worst_state(checks: Sequence[Check]) -> str:
+    return worst({check.state for check in checks})
+
+
+def worst(states: set[str]) -> str:
     """fail > unknown > warn > ok: an unreadable node is never reported healthy."""
-    states = {check.state for check in checks}
     for state in ("fail", "unknown", "warn"):
         if state in states:
             return state

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
+from ..gpu_collector.verdict import worst
 from ..numbers import finite
 from .slurmnode import NodeState
 
@@ -111,13 +112,6 @@ def parse_verdict(text: str | None, now: float, max_age: float) -> Verdict:
     if state != worst(states):
         return unknown(f"the verdict says {state}, its checks say {worst(states)}")
     return Verdict(state, stamp, tuple(failures))
-
-
-def worst(states: set[str]) -> str:
-    for state in ("fail", "unknown", "warn"):
-        if state in states:
-            return state
-    return "ok"
 
 
 def drain_reason(failures: Sequence[Failure], now: float) -> str:
