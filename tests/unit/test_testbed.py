@@ -81,6 +81,18 @@ def test_every_scenario_names_a_known_suite():
     assert seen == set(testbed.SUITES)
 
 
+def test_named_volumes_are_removed_with_their_scenario():
+    """`down` removes the volumes named after the scenario's network (gpufleet-SCENARIO-*):
+    any other named volume would outlive the scenario and carry data into the next run."""
+    for molecule_yml in sorted((ROOT / "molecule").glob("*/molecule.yml")):
+        network = f"gpufleet-{molecule_yml.parent.name}"
+        for platform in (yaml.safe_load(molecule_yml.read_text()) or {}).get("platforms", []):
+            for arg in platform.get("podman_args", []):
+                if arg.startswith(("--volume=", "-v=", "--mount=")):
+                    source = arg.split("=", 1)[1].split(":", 1)[0]
+                    assert source.startswith(("/", f"{network}-")), (molecule_yml, arg)
+
+
 def test_release_archive_is_reproducible_and_release_shaped():
     binaries = {"prometheus": b"\x7fELF-a", "promtool": b"\x7fELF-b"}
     first = mirror.release_archive("prometheus", "3.5.3", "amd64", binaries)
