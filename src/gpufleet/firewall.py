@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, TypedDict, TypeVar
 
+from gpufleet.lifecycle import is_leaving
 from gpufleet.sizing import registry_field
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -78,10 +79,13 @@ def _networks(values: Iterable[object] | None, where: str) -> list[Network]:
 
 
 def _host_networks(hostnames: Iterable[str], hostvars: Mapping[str, Any]) -> list[Network]:
-    """The networks connections from hostnames come from, one host at a time."""
+    """The networks connections from hostnames come from, one host at a time; a host
+    that is leaving (remove_node.yml, :func:`gpufleet.lifecycle.is_leaving`) is none."""
     networks: list[Network] = []
     for name in sorted(set(hostnames)):
         host = hostvars[name]
+        if is_leaving(host):
+            continue
         explicit = host.get(_SOURCE_ADDRESSES) or []
         if explicit:
             networks += _networks(explicit, f"{name}: {_SOURCE_ADDRESSES}")

@@ -223,6 +223,10 @@ def build_inventory(node_list: NodeList) -> InventoryPlan:
             "gpufleet_max_series_per_shard": monitoring.max_series_per_shard,
         }
     }
+    if monitoring.shard_lock:
+        # The lock file the plugin reads (monitoring.shard_lock resolved): remove_node.yml
+        # takes a leaving node out of it.
+        group_vars["all"]["gpufleet_shard_lock"] = monitoring.shard_lock
     return InventoryPlan(
         host_vars=host_vars, groups=builder.groups, group_vars=group_vars, shard_of=shard_of
     )

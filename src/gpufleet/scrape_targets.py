@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TypedDict
 
 from gpufleet.inventory import prometheus_port
+from gpufleet.lifecycle import is_leaving
 from gpufleet.sizing import registry_field
 
 # The kinds of Prometheus instance (gpufleet.inventory.prometheus_instances): an
@@ -52,11 +53,14 @@ def targets(
     The port is each host's own port_variable (node_exporter_port, from its host_vars or
     group_vars), else ``port``: an override moves the scrape with the exporter. The
     labels are the inventory plugin's gpufleet_target_labels plus node (the
-    inventory name, which Slurm and the dashboards use); roles never derive them.
+    inventory name, which Slurm and the dashboards use); roles never derive them. A host
+    that is leaving (remove_node.yml, :func:`gpufleet.lifecycle.is_leaving`) has none.
     """
     groups: list[TargetGroup] = []
     for name in sorted(hostnames):
         host = hostvars[name]
+        if is_leaving(host):
+            continue
         labels = {str(k): str(v) for k, v in dict(host.get("gpufleet_target_labels") or {}).items()}
         labels["node"] = name
         address = str(host.get("ansible_host") or name)
