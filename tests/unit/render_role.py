@@ -16,7 +16,9 @@ import subprocess
 from pathlib import Path
 
 from ansible.parsing.dataloader import DataLoader
+from ansible.plugins.loader import init_plugin_loader
 from ansible.template import Templar
+from ansible.utils.collection_loader import AnsibleCollectionConfig
 
 try:
     from ansible.template import trust_as_template
@@ -35,6 +37,11 @@ except ImportError:  # ansible-core 2.18: every string is a template
     TEXT_GUARD = "#gpufleet-render-guard\n"
 
 from gpufleet.inventory_json import plain
+
+# Plugins by their FQCN (lookup('ansible.builtin.vars', ...)) need the collection loader
+# that Ansible's CLI installs at start; once per process.
+if not AnsibleCollectionConfig.collection_finder:
+    init_plugin_loader()
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = ROOT / "roles"

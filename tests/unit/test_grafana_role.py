@@ -27,6 +27,7 @@ from render_role import (
     trust_as_template,
 )
 from test_dashboards import PROMTOOL, known_metrics, metric_names
+from test_unit_bounds import refused, shared_check
 
 ROLE = ROLES / "grafana"
 SECRETS = {
@@ -228,20 +229,8 @@ def test_preflight_accepts_a_real_password():
 
 
 def control_check_refuses(**values) -> list[str]:
-    (task,) = [
-        t
-        for t in tasks("preflight.yml")
-        if t["name"] == "Check that no value of a line-based file holds a control character"
-    ]
-    check = {
-        name: {k: trust_as_template(v) for k, v in value.items()}
-        if isinstance(value, dict)
-        else trust_as_template(value)
-        for name, value in task["vars"].items()
-    }
-    return template_value(
-        "grafana", check["__grafana_control"], "mon03", {**SECRETS, **check, **values}
-    )
+    """The shared control-character check (roles/_common), on grafana's variables."""
+    return refused("grafana", **{**SECRETS, **values})
 
 
 def test_a_password_with_a_newline_would_add_lines_to_grafana_ini_and_is_refused():
@@ -258,12 +247,12 @@ def test_a_password_with_a_newline_would_add_lines_to_grafana_ini_and_is_refused
     assert control_check_refuses(grafana_ini={"smtp": {"password": "a\nb"}}) == ["grafana_ini"]
     # Everything printable passes, backslashes and the quoting characters included.
     assert control_check_refuses(grafana_admin_password='p@ss\\n"w;o#rd`$') == []
-    (task,) = [t for t in tasks("preflight.yml") if "control character" in t["name"]]
+    task = shared_check("Check that no value of a line-based file holds a control character")
     message = template_value(
         "grafana",
         trust_as_template(task["ansible.builtin.assert"]["fail_msg"]),
         "mon03",
-        {"__grafana_control": ["grafana_admin_password"]},
+        {"__common_control": ["grafana_admin_password"]},
     )
     assert message.startswith("grafana_admin_password must not contain control characters")
     assert "\n" not in message and "no_log" not in task

@@ -161,11 +161,13 @@ def services(scenario: Scenario) -> dict[str, list[tuple[str, str]]]:
 
 def test_every_role_that_runs_a_service_writes_a_unit_or_drop_in():
     found = systemd_templates()
-    # upstream_release only installs binaries and web_config writes a service's web
-    # configuration; every other role runs a service.
+    # upstream_release only installs binaries, web_config writes a service's web
+    # configuration and _common is the roles' shared machinery; every other role runs a
+    # service.
     runs = {p.name for p in ROLES.iterdir() if (p / "tasks" / "main.yml").exists()} - {
         "upstream_release",
         "web_config",
+        "_common",
     }
     assert set(found) == runs
     # The three package units gpufleet does not write get its drop-in.
@@ -357,17 +359,16 @@ def test_prometheus_memory_is_a_drop_in_that_applies_without_a_restart():
 
 
 # --------------------------------------------------------------- control characters
+# The shared piece (roles/_common/tasks/preflight.yml) is tested once, on every role's
+# own variables; each role's contract: it includes the piece, and its _<role>_line_vars
+# name every public variable its line-based files take.
 
 LINE_BASED = re.compile(r"\.(service|timer|conf|ini|env|default|repo|sources|tmpfiles|sh)\.j2$")
-CONTROL_CHECK = "Check that no value of a line-based file holds a control character"
+SHARED = ROLES / "_common" / "tasks" / "preflight.yml"
 
 
-def preflight(role: str) -> list[dict]:
-    return yaml.safe_load((ROLES / role / "tasks" / "preflight.yml").read_text())
-
-
-def control_check(role: str) -> dict:
-    (task,) = [t for t in preflight(role) if t.get("name") == CONTROL_CHECK]
+def shared_check(name: str) -> dict:
+    (task,) = [t for t in yaml.safe_load(SHARED.read_text()) if t["name"] == name]
     return task
 
 
@@ -393,6 +394,10 @@ LINE_ROLES = sorted(
 )
 
 
+def line_vars(role: str) -> list[str]:
+    return yaml.safe_load((ROLES / role / "vars" / "main.yml").read_text())[f"_{role}_line_vars"]
+
+
 @pytest.mark.parametrize("role_name", LINE_ROLES)
 def test_every_value_of_a_line_based_file_is_checked_for_control_characters(role_name: str):
     role = ROLE_MODELS[role_name]
@@ -400,8 +405,16 @@ def test_every_value_of_a_line_based_file_is_checked_for_control_characters(role
     for template in (role.path / "templates").glob("*.j2"):
         if LINE_BASED.search(template.name):
             written |= public_reached(role, jinja_refs(template.read_text()))
-    checked = set(control_check(role_name)["vars"][f"__{role_name}_lines"])
-    assert sorted(written - checked) == [], "add them to the preflight check"
+    assert sorted(written - set(line_vars(role_name))) == [], f"add them to _{role_name}_line_vars"
+    # ... and the role runs the shared check, in its preflight, before anything is written.
+    steps = yaml.safe_load((ROLES / role_name / "tasks" / "main.yml").read_text())
+    assert steps[0]["ansible.builtin.import_tasks"] == "preflight.yml"
+    included = [
+        t["ansible.builtin.include_role"]
+        for t in yaml.safe_load((ROLES / role_name / "tasks" / "preflight.yml").read_text())
+        if "ansible.builtin.include_role" in t
+    ]
+    assert {"name": "_common", "tasks_from": "preflight", "apply": {"tags": ["always"]}} in included
 
 
 def deep_trust(value):
@@ -414,56 +427,70 @@ def deep_trust(value):
     return value
 
 
-def refused(role: str, host: str = "mon01", **values) -> list[str]:
-    task = control_check(role)
-    task_vars = deep_trust(task["vars"])
-    return template_value(
-        role, task_vars[f"__{role}_control"], host, {**task_vars, **SECRETS.get(role, {}), **values}
-    )
-
-
 SECRETS = {
     "grafana": {"grafana_admin_password": "c0rrect-horse-battery", "grafana_secret_key": "k" * 20}
 }
 
 
+def shared_result(check: str, result: str, role: str, **values):
+    """A variable of a shared check, as the role that includes it sees it."""
+    task_vars = deep_trust(shared_check(check)["vars"])
+    context = {**task_vars, **SECRETS.get(role, {}), "ansible_parent_role_names": [role], **values}
+    return template_value(role, task_vars[result], "mon01", context)
+
+
+def refused(role: str, **values) -> list[str]:
+    return shared_result(
+        "Check that no value of a line-based file holds a control character",
+        "__common_control",
+        role,
+        **values,
+    )
+
+
 @pytest.mark.parametrize("role_name", LINE_ROLES)
 def test_the_check_refuses_control_characters_and_names_the_variable(role_name: str):
     assert refused(role_name) == []
-    task = control_check(role_name)
-    names = list(task["vars"][f"__{role_name}_lines"])
-    for index, bad in enumerate(["a\nb", "a\rb", "a\x00b", "a\tb", "a\x1bb", "a\x7fb"]):
+    names = line_vars(role_name)
+    for index, bad in enumerate(["a\nb", "a\rb", "a\x00b", "a\tb", "a\x1bb", "a\x7fb", "a\x85b"]):
         name = names[index % len(names)]
         assert refused(role_name, **{name: bad}) == [name], repr(bad)
-        # In a list (flags, groups) as well.
+        # In a list (flags, groups) and in a mapping's key or value as well.
         assert refused(role_name, **{name: ["ok", bad]}) == [name], repr(bad)
+        assert refused(role_name, **{name: {bad: "ok"}}) == [name], repr(bad)
     # A backslash followed by "n" is two characters, not a newline.
     assert refused(role_name, **{names[0]: "C:\\new\\\\nope"}) == []
+    task = shared_check("Check that no value of a line-based file holds a control character")
     message = template_value(
         role_name,
         trust_as_template(task["ansible.builtin.assert"]["fail_msg"]),
         "mon01",
-        {f"__{role_name}_control": [names[0]]},
+        {"__common_control": [names[0]]},
     )
     assert "\n" not in message and message.startswith(f"{names[0]} must not contain control")
 
 
 @pytest.mark.parametrize("role_name", LINE_ROLES)
 def test_the_bounds_check_accepts_systemd_sizes_only(role_name: str):
-    (task,) = [t for t in preflight(role_name) if t.get("name") == "Check the systemd bounds"]
-    rules = task["ansible.builtin.assert"]["that"]
-    local = deep_trust(task.get("vars", {}))
+    def problems(memory, tasks) -> list[str]:
+        values = {f"{role_name}_memory_max": memory, f"{role_name}_tasks_max": tasks}
+        return shared_result("Check the systemd bounds", "__common_bounds", role_name, **values)
 
-    def accepted(memory, tasks) -> bool:
-        values = {**local, f"{role_name}_memory_max": memory, f"{role_name}_tasks_max": tasks}
-        return all(
-            template_value(role_name, trust_as_template("{{ " + r + " }}"), "mon01", values)
-            for r in rules
-        )
-
+    # The role's own defaults pass.
+    assert shared_result("Check the systemd bounds", "__common_bounds", role_name) == []
     for memory in ("512M", "2G", "25%", "infinity", "1048576"):
-        assert accepted(memory, 64), memory
+        assert problems(memory, 64) == [], memory
     for memory in ("", "0", "512MB", "2 G", "101%", "0%", "-1", "1.5G", "unlimited"):
-        assert not accepted(memory, 64), memory
-    for tasks in (0, -1, "", "infinity", "1e3"):
-        assert not accepted("512M", tasks), tasks
+        (problem,) = problems(memory, 64)
+        assert problem.startswith(f"{role_name}_memory_max must be a systemd size"), memory
+        assert "\n" not in problem
+    for tasks in (0, -1, "", "infinity", "1e3", True):
+        (problem,) = problems("512M", tasks)
+        assert problem.startswith(f"{role_name}_tasks_max must be a positive number"), tasks
+    # Prometheus alone sizes its memory itself (auto).
+    assert (problems("auto", 64) == []) == (role_name == "prometheus")
+
+
+def test_the_internal_role_refuses_to_run_by_itself():
+    (guard,) = yaml.safe_load((ROLES / "_common" / "tasks" / "main.yml").read_text())
+    assert "ansible.builtin.fail" in guard and "internal" in guard["ansible.builtin.fail"]["msg"]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from ansible.plugins.loader import init_plugin_loader, inventory_loader
+from ansible.utils.collection_loader import AnsibleCollectionConfig
 from inventory_helpers import REPO_ROOT, close_warm_servers, minimal_node_list, write_node_list
 
 
@@ -25,7 +26,8 @@ def node_list_path(tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def loader_ready() -> None:
     """Ansible's plugin loader, set up once per session (a second setup warns)."""
-    init_plugin_loader()
+    if not AnsibleCollectionConfig.collection_finder:
+        init_plugin_loader()
     inventory_loader.add_directory(str(REPO_ROOT / "plugins" / "inventory"))
 
 
