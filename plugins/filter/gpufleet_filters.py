@@ -13,7 +13,7 @@ from typing import Any
 import bcrypt
 
 try:
-    from gpufleet import firewall, preflight, scrape_targets
+    from gpufleet import firewall, masking, preflight, scrape_targets
     from gpufleet.inventory import prometheus_port, prometheus_ports
     from gpufleet.slurm_native import native_metrics_problem, parse_show_config
     from gpufleet_node.gpu_collector.slurm import valid_cgroup_root
@@ -21,7 +21,7 @@ except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(
         0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "src")
     )
-    from gpufleet import firewall, preflight, scrape_targets
+    from gpufleet import firewall, masking, preflight, scrape_targets
     from gpufleet.inventory import prometheus_port, prometheus_ports
     from gpufleet.slurm_native import native_metrics_problem, parse_show_config
     from gpufleet_node.gpu_collector.slurm import valid_cgroup_root
@@ -38,6 +38,7 @@ gpufleet_firewall_sources = firewall.sources
 gpufleet_firewall_rules = firewall.rules
 gpufleet_control_names = preflight.control_names
 gpufleet_bounds_problems = preflight.bounds_problems
+gpufleet_masked_refusal = masking.masked_refusal
 
 # bcrypt's own base64 alphabet (not the standard one).
 _BCRYPT_ALPHABET = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
@@ -171,4 +172,5 @@ class FilterModule:
             "gpufleet_firewall_rules": gpufleet_firewall_rules,
             "gpufleet_control_names": gpufleet_control_names,
             "gpufleet_bounds_problems": gpufleet_bounds_problems,
+            "gpufleet_masked_refusal": gpufleet_masked_refusal,
         }

@@ -15,8 +15,8 @@ still prints the content. Exceptions, each checked here too:
 - include/import tasks carry nothing themselves (their tasks are audited);
 - no_log hides a failure too: a task under no_log with a `validate:` must register its
   result with `failed_when: false`, and the task right after it must fail with an
-  explanation, every value of the secret variables masked (`__<role>_hidden`, a list
-  used only as a `replace` pattern, is the one name exempt from the audit).
+  explanation, every value of the secret variables masked (the filter
+  gpufleet_masked_refusal's arguments are what it masks, never what it prints).
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ PUBLIC_ATTRS = {"name"}
 # Filters whose result says nothing about the value's content (gpufleet_ini_problems
 # names the settings that grafana.ini cannot hold, never their values).
 COUNTING_FILTERS = {"length", "count", "bool", "gpufleet_ini_problems"}
-# The masking lists of the explaining tasks (used only as `replace` patterns).
-MASK_NAME = re.compile(r"^__\w+_hidden$")
+# The explaining tasks' filter: it prints its subject, and masks what its arguments hold.
+MASKING_FILTER = "gpufleet_masked_refusal"
 CONDITION_KEYS = {"when", "changed_when", "failed_when", "until"}
 TASK_KEYWORDS = {
     "name", "when", "loop", "loop_control", "register", "notify", "listen", "tags", "vars",
@@ -102,6 +102,9 @@ class _Refs(NodeVisitor):
     def visit_Filter(self, node: nodes.Filter) -> None:
         if node.name in COUNTING_FILTERS:
             return
+        if node.name == MASKING_FILTER:
+            self.visit(node.node)
+            return
         if node.name in ("replace", "regex_replace") and node.args:
             # The pattern never reaches the output; the subject and replacement do.
             self.visit(node.node)
@@ -142,11 +145,7 @@ def jinja_refs(text: str) -> set[tuple[str, str | None]]:
         warnings.simplefilter("ignore", DeprecationWarning)
         tree = ENV.parse(text)
     visitor.visit(tree)
-    return {
-        (name, attr)
-        for name, attr in visitor.found
-        if name not in visitor.local and not MASK_NAME.match(name)
-    }
+    return {(name, attr) for name, attr in visitor.found if name not in visitor.local}
 
 
 def value_refs(value) -> set[tuple[str, str | None]]:
@@ -509,10 +508,11 @@ def test_a_refused_secret_file_is_explained_with_its_secrets_masked(roles):
         explain = role.tasks[position + 1].data
         assert explain.get("when") == f"{register}.msg is defined", (role.name, task.name)
         assert "ansible.builtin.fail" in explain and not explain.get("no_log")
-        hidden = [name for name in explain.get("vars", {}) if MASK_NAME.match(name)]
-        assert len(hidden) == 1, (role.name, task.name)
+        msg = explain["ansible.builtin.fail"]["msg"]
+        masking = re.findall(r"\| " + MASKING_FILTER + r"\(\[([^\]]+)\]\)", msg)
+        assert len(masking) == 1, (role.name, task.name)
         # The masked variables, as the explanation lists them: give each a secret.
-        listed = re.search(r"set values = \[([^\]]+)\]", explain["vars"][hidden[0]]).group(1)
+        listed = masking[0]
         secrets = {}
         for index, name in enumerate(v.strip() for v in listed.split(",")):
             secret = f's3cr3t-{index}-"quoted\\path'
@@ -526,8 +526,7 @@ def test_a_refused_secret_file_is_explained_with_its_secrets_masked(roles):
             ),
         }
         values = {**secrets, register: failed, "_instance": {"name": "shard-0"}}
-        values.update({k: trust_as_template(v) for k, v in explain["vars"].items()})
-        message = template_value(role.name, explain["ansible.builtin.fail"]["msg"], "mon01", values)
+        message = template_value(role.name, trust_as_template(msg), "mon01", values)
         assert "failed to validate" in message
         assert "s3cr3t" not in message, message
         assert "kept" in message, "a name: is no secret and stays readable"
