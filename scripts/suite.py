@@ -56,7 +56,8 @@ EXPECTED_SECONDS = {
     "cluster": 1800,
     "slurm": 1650,
     "slurm_sid": 600,
-    "exporter_firewall": 550,
+    # +300 s since the remove_node.yml tests (844 s alone, 2026-12-07).
+    "exporter_firewall": 850,
     "grafana": 450,
     "observability": 350,
     "gpu_node": 250,
