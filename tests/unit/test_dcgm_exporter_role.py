@@ -252,6 +252,7 @@ RENDER_PLAYBOOK = """
         dest: "{{ out }}/{{ inventory_hostname }}/web-config.yml"
         mode: "0644"
       vars:
+        web_config_format: yaml
         web_config_dir: "{{ _dcgm_exporter_config_dir }}"
         web_config_tls_cert: "{{ dcgm_exporter_tls_cert }}"
         web_config_tls_client_ca: "{{ dcgm_exporter_tls_client_ca }}"

@@ -391,11 +391,10 @@ KNOWN = {
     ),
     ("grafana", "tasks/api.yml: Reset the admin password to the one in the inventory"),
     ("grafana", "handlers/main.yml: Reload Grafana datasources"),
-    # The exporters', Prometheus' and Alertmanager's web configuration and TLS key.
+    # The exporters', the Slurm exporter's, Prometheus' and Alertmanager's web
+    # configuration and TLS key.
     ("web_config", "tasks/main.yml: Install the TLS key"),
     ("web_config", "tasks/main.yml: Write the web configuration (TLS and basic auth)"),
-    ("slurm_exporter", "tasks/configure.yml: Install the TLS key"),
-    ("slurm_exporter", "tasks/configure.yml: Write the web configuration (TLS and basic auth)"),
 }
 
 
@@ -412,7 +411,7 @@ def test_the_audit_leaves_tasks_without_secrets_alone(roles):
         ("node_exporter", "tasks/configure.yml: Write the systemd unit"),
         ("web_config", "tasks/main.yml: Install the TLS certificate"),
         ("web_config", "tasks/main.yml: Install the TLS client CA"),
-        ("slurm_exporter", "tasks/configure.yml: Remove TLS files no longer wanted"),
+        ("web_config", "tasks/main.yml: Remove TLS files no longer wanted"),
         (
             "grafana",
             "tasks/provision_org.yml: Write the dashboard provider ({{ __grafana_target.name }})",

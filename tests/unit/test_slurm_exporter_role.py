@@ -17,7 +17,15 @@ import bcrypt
 import pytest
 import yaml
 from ansible.plugins.loader import filter_loader
-from render_role import ROOT, evaluate, example_inventory, render, template_value
+from render_role import (
+    ROLES,
+    ROOT,
+    evaluate,
+    example_inventory,
+    render,
+    template_value,
+    trust_as_template,
+)
 
 from gpufleet_node.job_summary import cli as job_summary_cli
 
@@ -29,7 +37,21 @@ PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 
 
 def web_config(overrides: dict) -> dict:
-    return json.loads(render(ROLE, "web-config.json.j2", HOST, overrides))
+    """The web configuration as the role writes it: roles/web_config's template, with the
+    variables the role's include passes, in the role's context."""
+    configure = yaml.safe_load((ROLES / ROLE / "tasks" / "configure.yml").read_text())
+    (task,) = [
+        t
+        for t in configure
+        if t.get("ansible.builtin.include_role", {}).get("name") == "web_config"
+    ]
+    passed = {
+        name: template_value(ROLE, trust_as_template(str(value)), HOST, overrides)
+        for name, value in task["vars"].items()
+    }
+    assert passed["web_config_format"] == "json"
+    assert passed["web_config_validate"].endswith("--check-web-config %s")
+    return json.loads(render("web_config", "web-config.yml.j2", HOST, passed))
 
 
 def check(
@@ -162,7 +184,12 @@ def test_a_configure_run_installs_the_exporter_it_validates_with(tmp_path):
     validating = [t for t in configure if "validate" in str(t)]
     assert validating
     for task in validating:
-        module = task.get("ansible.builtin.template") or task["ansible.builtin.copy"]
+        # A template or copy validates itself; web_config validates with what it is given.
+        module = (
+            task.get("ansible.builtin.template")
+            or task.get("ansible.builtin.copy")
+            or {"validate": task["vars"]["web_config_validate"]}
+        )
         assert "{{ _slurm_exporter_script }}" in module["validate"], task["name"]
     playbook = tmp_path / "play.yml"
     playbook.write_text(
@@ -180,9 +207,8 @@ def test_a_configure_run_installs_the_exporter_it_validates_with(tmp_path):
         env={**os.environ, "ANSIBLE_ROLES_PATH": str(ROOT / "roles")},
         check=True,
     ).stdout
-    names = [
-        line.split(" : ", 1)[1].split("\t")[0] for line in listed.splitlines() if " : " in line
-    ]
+    # "role : name" for a task, the bare name for an include_role (web_config).
+    names = [line.split(" : ", 1)[-1].split("\t")[0].strip() for line in listed.splitlines()]
     assert names.index("Install the exporter") < names.index(
         "Write the web configuration (TLS and basic auth)"
     )
