@@ -114,8 +114,24 @@ SCENARIOS = {
     "exporter_firewall": Scenario(
         "exporter_firewall", "cpu01", {"exporter_firewall_enabled": True}
     ),
-    "ipmi_exporter": Scenario("ipmi_exporter", "gpu001", {}),
 }
+
+
+def registry_scenarios() -> dict[str, Scenario]:
+    """For every exporter of the registry without a scenario above, the first host of its
+    group in the example inventory, with the role's defaults: a new exporter needs no
+    edit here to be checked."""
+    registry = yaml.safe_load((ROLES / "exporters" / "defaults" / "main.yml").read_text())
+    groups, _ = example_inventory()
+    listed = {scenario.role for scenario in SCENARIOS.values()}
+    return {
+        entry["role"]: Scenario(entry["role"], sorted(groups[entry["group"]])[0], {})
+        for entry in registry["exporters_registry"].values()
+        if entry.get("role") and entry["role"] not in listed
+    }
+
+
+SCENARIOS.update(registry_scenarios())
 
 
 def templates_for(scenario: Scenario) -> dict[str, str]:
