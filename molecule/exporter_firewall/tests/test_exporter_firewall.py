@@ -10,22 +10,15 @@ fw-exporter.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from functools import cache
-from pathlib import Path
 
 import testinfra
+from scenario_paths import CURL_TIMEOUT_RC, FIREWALL_UNIT, MOLECULE_INVENTORY, REPO, SCENARIO, TABLE
 from testbed_helpers import converge, eventually, restart_host
 
-SCENARIO = Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"])
-REPO = SCENARIO.parents[1]
-MOLECULE_INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
-TABLE = "gpufleet_exporters"
-UNIT = "gpufleet-exporter-firewall.service"
 RULES = "/etc/gpufleet/exporter-firewall.nft"
-CURL_TIMEOUT_RC = 28
 
 
 @cache
@@ -92,7 +85,7 @@ def rerun(*extra_vars: str) -> subprocess.CompletedProcess:
 def test_hosts_without_the_firewall_are_untouched():
     for other in (PROM, OTHER):
         assert not other.package("nftables").is_installed
-        assert not other.file(f"/etc/systemd/system/{UNIT}").exists
+        assert not other.file(f"/etc/systemd/system/{FIREWALL_UNIT}").exists
 
 
 def test_table_matches_the_inventory():
@@ -107,7 +100,7 @@ def test_table_matches_the_inventory():
     assert loaded["sets"]["allowed_ipv6"] == []
     hook = loaded["chains"]["input"]
     assert (hook["hook"], hook["policy"], hook["family"]) == ("input", "accept", "inet")
-    service = EXPORTER.service(UNIT)
+    service = EXPORTER.service(FIREWALL_UNIT)
     assert service.is_enabled and service.systemd_properties["ActiveState"] == "active"
 
 
@@ -203,7 +196,7 @@ def test_ssh_and_other_ports_are_untouched():
 
 
 def test_rules_survive_a_restart_of_the_unit():
-    EXPORTER.check_output(f"systemctl restart {UNIT}")
+    EXPORTER.check_output(f"systemctl restart {FIREWALL_UNIT}")
     assert table()["sets"]["allowed_ipv4"] == [address("fw-prom")]
     assert_enforced()
 
@@ -211,15 +204,15 @@ def test_rules_survive_a_restart_of_the_unit():
 def test_stop_removes_only_gpufleets_table_and_start_restores_it():
     EXPORTER.check_output("nft add table inet gpufleet_test_site")
     try:
-        EXPORTER.check_output(f"systemctl stop {UNIT}")
+        EXPORTER.check_output(f"systemctl stop {FIREWALL_UNIT}")
         assert not table_loaded()
         assert EXPORTER.run("nft list table inet gpufleet_test_site").rc == 0
         assert fetch(OTHER).stdout == "200", "the stopped firewall still filters"
-        EXPORTER.check_output(f"systemctl start {UNIT}")
+        EXPORTER.check_output(f"systemctl start {FIREWALL_UNIT}")
         assert table_loaded()
         assert_enforced()
     finally:
-        EXPORTER.run(f"systemctl start {UNIT}")
+        EXPORTER.run(f"systemctl start {FIREWALL_UNIT}")
         EXPORTER.run("nft delete table inet gpufleet_test_site")
 
 
@@ -263,13 +256,18 @@ def test_config_change_reloads_and_keeps_established_connections():
     try:
         first = wait_for_line(PROM, "/tmp/keepalive.out", "first ").split()
         assert first[2] == "200"
-        started = EXPORTER.service(UNIT).systemd_properties["ActiveEnterTimestampMonotonic"]
+        started = EXPORTER.service(FIREWALL_UNIT).systemd_properties[
+            "ActiveEnterTimestampMonotonic"
+        ]
 
         result = rerun('{"exporter_firewall_extra_ports": [8080]}')
         assert "RUNNING HANDLER [exporter_firewall : Reload the exporter firewall]" in result.stdout
         assert table()["sets"]["exporter_ports"] == [8080, NODE_PORT, IPMI_PORT]
         # Reloaded, not restarted: a restart would leave the ports open in between.
-        assert EXPORTER.service(UNIT).systemd_properties["ActiveEnterTimestampMonotonic"] == started
+        assert (
+            EXPORTER.service(FIREWALL_UNIT).systemd_properties["ActiveEnterTimestampMonotonic"]
+            == started
+        )
 
         PROM.check_output("touch /tmp/keepalive.go")
         second = wait_for_line(PROM, "/tmp/keepalive.out", "second ").split()
@@ -297,9 +295,11 @@ def test_disabling_removes_the_firewall():
     try:
         rerun("exporter_firewall_enabled=false")
         assert not table_loaded()
-        assert not EXPORTER.file(f"/etc/systemd/system/{UNIT}").exists
+        assert not EXPORTER.file(f"/etc/systemd/system/{FIREWALL_UNIT}").exists
         assert not EXPORTER.file(RULES).exists
-        assert EXPORTER.run(f"systemctl cat {UNIT}").rc != 0, "systemd still knows the unit"
+        assert EXPORTER.run(f"systemctl cat {FIREWALL_UNIT}").rc != 0, (
+            "systemd still knows the unit"
+        )
         assert fetch(OTHER).stdout == "200"
         assert EXPORTER.service("node_exporter").is_running
     finally:
@@ -334,6 +334,6 @@ def test_rules_survive_a_reboot():
     )
     assert back, "fw-exporter did not come back with node_exporter answering fw-prom"
     assert table_loaded()
-    assert EXPORTER.service(UNIT).is_enabled
+    assert EXPORTER.service(FIREWALL_UNIT).is_enabled
     assert reaches_ssh(OTHER), "fw-other cannot reach fw-exporter at all after the reboot"
     assert_enforced()

@@ -25,18 +25,13 @@ from typing import Any
 import pytest
 import testinfra
 import yaml
+from scenario_paths import CURL_TIMEOUT_RC, FIREWALL_UNIT, MOLECULE_INVENTORY, REPO, SCENARIO, TABLE
 from testbed_helpers import eventually
 
 from gpufleet.shardlock import format_lock, parse_lock
 
-SCENARIO = Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"])
-REPO = SCENARIO.parents[1]
-MOLECULE_INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
 LEAVING = "fw-exporter"
 PROM_UNIT = "gpufleet-prometheus-standalone.service"
-FIREWALL_UNIT = "gpufleet-exporter-firewall.service"
-TABLE = "gpufleet_exporters"
-CURL_TIMEOUT_RC = 28
 
 # What the site adds to the scenario's inventory/ for this test (the lock file's path is
 # filled in below).
