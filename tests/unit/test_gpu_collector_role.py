@@ -129,8 +129,17 @@ def test_only_the_long_running_service_is_restarted_by_a_change():
     notifying = []
     for name in ("install.yml", "configure.yml"):
         tasks = yaml.safe_load((ROLES / ROLE / "tasks" / name).read_text())
-        # A block's own tasks too (the install's build-and-copy block).
         for task in [sub for top in tasks for sub in top.get("block", [top])]:
             if task.get("notify") == "restart gpu_collector":
                 notifying.append(task["name"])
-    assert notifying == ["Install the collector", "Write the collector's service"]
+    assert notifying == ["Write the collector's service"]
+    # The zipapps, installed by roles/_common/tasks/zipapp.yml: a new collector restarts
+    # the service; the health program, which slurmd runs, restarts nothing.
+    install = yaml.safe_load((ROLES / ROLE / "tasks" / "install.yml").read_text())
+    (include,) = [t for t in install if "ansible.builtin.include_role" in t]
+    assert include["ansible.builtin.include_role"]["tasks_from"] == "zipapp"
+    zipapps = yaml.safe_load((ROLES / ROLE / "vars" / "main.yml").read_text())[f"_{ROLE}_zipapps"]
+    assert zipapps == [
+        {"app": "gpu_collector", "dest": "{{ _gpu_collector_script }}", "restart": True},
+        {"app": "gpu_health", "dest": "{{ _gpu_collector_health_program }}", "restart": False},
+    ]

@@ -207,14 +207,15 @@ def test_a_configure_run_installs_the_exporter_it_validates_with(tmp_path):
         env={**os.environ, "ANSIBLE_ROLES_PATH": str(ROOT / "roles")},
         check=True,
     ).stdout
-    # "role : name" for a task, the bare name for an include_role (web_config).
+    # "role : name" for a task, the bare name for an include_role (web_config, and the
+    # zipapps: roles/_common/tasks/zipapp.yml, whose tasks carry the step's tags).
     names = [line.split(" : ", 1)[-1].split("\t")[0].strip() for line in listed.splitlines()]
-    assert names.index("Install the exporter") < names.index(
-        "Write the web configuration (TLS and basic auth)"
-    )
-    assert names.index("Install the exporter") < names.index(
-        "Write the node map (which Prometheus shard scrapes which node)"
-    )
+    install = names.index("Build and install the exporter and job summary zipapps")
+    assert install < names.index("Write the web configuration (TLS and basic auth)")
+    assert install < names.index("Write the node map (which Prometheus shard scrapes which node)")
+    install_yml = yaml.safe_load((ROOT / "roles" / ROLE / "tasks" / "install.yml").read_text())
+    (include,) = [t for t in install_yml if "ansible.builtin.include_role" in t]
+    assert "slurm_exporter_configure" in include["ansible.builtin.include_role"]["apply"]["tags"]
 
 
 # --- job summaries: the EpilogSlurmctld program's configuration ---------------------------
@@ -277,10 +278,31 @@ def test_job_summaries_are_opt_in():
     assert options["slurm_exporter_job_summary"]["default"] is False
 
 
-def test_the_job_summary_zipapp_is_built_whatever_the_first_hosts_switch():
-    """run_once takes the first host's when: a controller that turns summaries on while the
-    first host of the play does not would get no zipapp to copy."""
-    tasks = yaml.safe_load((ROOT / "roles" / ROLE / "tasks" / "install.yml").read_text())
-    block = next(t for t in tasks if "block" in t)["block"]
-    (build,) = [t for t in block if t["name"] == "Build the job summary zipapp on the controller"]
-    assert build["run_once"] is True and "when" not in build
+def test_the_job_summary_program_is_installed_only_where_summaries_are_on():
+    """The zipapps (roles/_common/tasks/zipapp.yml): the exporter always, the job summary
+    program by slurm_exporter_job_summary. Both are built whatever the switch: run_once
+    takes the first host's view, and a host that turns summaries on while the first host
+    of the play does not would get no zipapp to copy (tests/unit/test_common_zipapp.py)."""
+    zipapp = yaml.safe_load((ROLES / "_common" / "tasks" / "zipapp.yml").read_text())
+    copies = [t for t in zipapp[0]["block"] if "ansible.builtin.copy" in t]
+    assert {t["when"] for t in copies} == {"item.wanted | default(true) | bool"}
+    zipapps = evaluate(ROLE, f"_{ROLE}_zipapps", HOST)
+    assert [(z["app"], z["restart"]) for z in zipapps] == [
+        ("slurm_exporter", True),
+        ("job_summary", False),
+    ]
+    assert [z["dest"] for z in zipapps] == [
+        "/usr/local/lib/gpufleet/gpufleet-slurm-exporter.pyz",
+        "/usr/local/lib/gpufleet/gpufleet-job-summary.pyz",
+    ]
+
+    def installed(overrides: dict) -> list[str]:
+        return [
+            z["app"]
+            for z in evaluate(ROLE, f"_{ROLE}_zipapps", HOST, overrides)
+            if evaluate(ROLE, copies[0]["when"], HOST, {**overrides, "item": z}) is True
+        ]
+
+    assert installed({}) == ["slurm_exporter"]
+    assert installed({"slurm_exporter_job_summary": True}) == ["slurm_exporter", "job_summary"]
+    assert installed({"slurm_exporter_job_summary": "false"}) == ["slurm_exporter"]
