@@ -397,4 +397,5 @@ def test_alloy_config_validated_and_reloaded():
     handlers = {
         h["listen"]: h for h in yaml.safe_load((ROLES / "alloy/handlers/main.yml").read_text())
     }
-    assert handlers["reload alloy"]["ansible.builtin.systemd_service"]["state"] == "reloaded"
+    reload = handlers["reload alloy"]["ansible.builtin.include_tasks"]
+    assert reload.endswith("_common/tasks/reload.yml")

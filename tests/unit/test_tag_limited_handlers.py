@@ -2,10 +2,10 @@
 
 `--tags <role>_install` on a fresh host installs the program and notifies the restart,
 but skips the configure task that writes the unit: restarting it would fail the run.
-Every role that writes its own unit looks for it first (a handler on the same topics)
-and restarts or reloads only when it is there. (Prometheus, with one unit per
-instance, is covered in test_prometheus_handlers.py; alloy, grafana and
-victoriametrics run the package's own unit, which the install step brings.)
+Every role that writes its own unit restarts it through roles/_common's handler, which
+looks for the unit first and restarts or reloads only when it is there. (Prometheus,
+with one unit per instance, is covered in test_prometheus_handlers.py; alloy, grafana
+and victoriametrics run the package's own unit, which the install step brings.)
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 
 import pytest
 import yaml
-from render_role import ROLES, evaluate
+from render_role import ROLES
 from test_unit_bounds import SCENARIOS, systemd_templates
 
 SYSTEMD_DIR = "/etc/systemd/system/"
@@ -83,44 +83,15 @@ def topics(handler: dict) -> set[str]:
     return {listen} if isinstance(listen, str) else set(listen)
 
 
-def service_actions(role: str) -> list[dict]:
-    """The handlers that restart or reload the role's service."""
-    states = ("restarted", "reloaded")
-    actions = [h for h in handlers(role) if "ansible.builtin.systemd_service" in h]
-    return [h for h in actions if h["ansible.builtin.systemd_service"].get("state") in states]
-
-
-def runs(role: str, handler: dict, registered: dict) -> bool:
-    when = handler.get("when", [])
-    conditions = when if isinstance(when, list) else [when]
-    return all(evaluate(role, c, ROLES_WITH_OWN_UNIT[role], registered) for c in conditions)
-
-
 @pytest.mark.parametrize("role", sorted(ROLES_WITH_OWN_UNIT))
-def test_the_unit_is_looked_for_before_any_restart_or_reload(role):
-    everything = handlers(role)
-    lookups = [h for h in everything if h.get("register") == f"__{role}_unit_present"]
-    assert len(lookups) == 1, f"{role}: no handler registers __{role}_unit_present"
-    lookup = lookups[0]
-    assert "ansible.builtin.stat" in lookup
-    actions = service_actions(role)
-    assert actions
-    for action in actions:
-        assert everything.index(lookup) < everything.index(action), action["name"]
-        assert topics(action) <= topics(lookup), action["name"]
-
-
-@pytest.mark.parametrize("role", sorted(ROLES_WITH_OWN_UNIT))
-def test_a_missing_unit_is_neither_restarted_nor_reloaded(role):
-    # --tags <role>_install on a fresh host: configure and run were skipped, so only
-    # the handlers' own lookup is registered.
-    for action in service_actions(role):
-        absent = {f"__{role}_unit_present": {"stat": {"exists": False}}}
-        assert runs(role, action, absent) is False, action["name"]
-        # The same run on a host that has the unit (an upgrade) still restarts it.
-        present = {f"__{role}_unit_present": {"stat": {"exists": True}}}
-        if action["ansible.builtin.systemd_service"]["state"] == "restarted":
-            assert runs(role, action, present) is True, action["name"]
+def test_the_restart_goes_through_the_shared_handler_that_looks_for_the_unit(role):
+    # roles/_common/tasks/restart.yml looks for the unit first and leaves a missing one
+    # alone (test_common_service.py); a handler of the role's own would not.
+    restarts = [h for h in handlers(role) if f"restart {role}" in topics(h)]
+    assert restarts, f"{role}: its install step notifies, but nothing listens"
+    for handler in restarts:
+        included = handler.get("ansible.builtin.include_tasks")
+        assert included == "{{ role_path }}/../_common/tasks/restart.yml", handler["name"]
 
 
 def role_main(role: str) -> list[dict]:
