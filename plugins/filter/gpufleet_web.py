@@ -5,8 +5,8 @@ configuration that the `web_config` role renders from `<service>_tls_cert`,
 `<service>_tls_ca` and `<service>_basic_auth_users`. The clients gpufleet configures (the
 global tier's federation, Prometheus sending alerts, Grafana's datasources) take their
 scheme, CA and login from the same variables of the servers' hosts, so they can never
-disagree with what the servers serve. gpufleet_web_client is gpufleet.web.web_client,
-which ``gpufleet jobstats`` shares.
+disagree with what the servers serve. The logic is gpufleet.web's, which ``gpufleet
+jobstats`` shares; these are its filters.
 """
 
 from __future__ import annotations
@@ -16,33 +16,16 @@ import sys
 from collections.abc import Mapping
 
 try:
-    from gpufleet.web import web_client as gpufleet_web_client
+    from gpufleet import web
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(
         0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "src")
     )
-    from gpufleet.web import web_client as gpufleet_web_client
+    from gpufleet import web
 
 
-def gpufleet_web_ca(hostnames: list[str], hostvars: Mapping, service: str) -> str:
-    """The PEM that verifies the servers of service on hostnames ("" for plain HTTP).
-
-    The CA half of gpufleet_web_client, reading no password: the task that writes the
-    CA file has nothing to hide.
-    """
-    cas = {}
-    for name in sorted(set(hostnames or [])):
-        host = hostvars[name]
-        cert = str(host.get(f"{service}_tls_cert") or "")
-        cas[name] = (str(host.get(f"{service}_tls_ca") or "") or cert) if cert else ""
-    if len(set(cas.values())) > 1:
-        first, *others = sorted(cas)
-        odd = next(name for name in others if cas[name] != cas[first])
-        raise ValueError(
-            f"{odd}: {service}_tls_cert/_tls_ca give another CA than {first}; every "
-            f"{service} host must share one (one scrape job or datasource reaches them all)"
-        )
-    return next(iter(cas.values()), "")
+gpufleet_web_client = web.web_client
+gpufleet_web_ca = web.web_ca
 
 
 def gpufleet_prometheus_client(client: Mapping, ca_file: str, server_name: str = "") -> dict:
@@ -84,6 +67,8 @@ class FilterModule:
         return {
             "gpufleet_web_client": gpufleet_web_client,
             "gpufleet_web_ca": gpufleet_web_ca,
+            "gpufleet_scrape_clients": web.scrape_clients,
+            "gpufleet_scrape_cas": web.scrape_cas,
             "gpufleet_prometheus_client": gpufleet_prometheus_client,
             "gpufleet_grafana_client": gpufleet_grafana_client,
         }

@@ -64,3 +64,62 @@ def web_client(
         "username": CLIENT_USER if password else "",
         "password": password,
     }
+
+
+def web_ca(hostnames: Iterable[str], hostvars: Mapping[str, Any], service: str) -> str:
+    """The PEM that verifies the servers of service on hostnames ("" for plain HTTP).
+
+    The CA half of web_client, reading no password: the task that writes the CA file
+    has nothing to hide.
+    """
+    cas: dict[str, str] = {}
+    for name in sorted(set(hostnames or [])):
+        host = hostvars[name]
+        cert = str(host.get(f"{service}_tls_cert") or "")
+        cas[name] = (str(host.get(f"{service}_tls_ca") or "") or cert) if cert else ""
+    if len(set(cas.values())) > 1:
+        first, *others = sorted(cas)
+        odd = next(name for name in others if cas[name] != cas[first])
+        raise ValueError(
+            f"{odd}: {service}_tls_cert/_tls_ca give another CA than {first}; every "
+            f"{service} host must share one (one scrape job or datasource reaches them all)"
+        )
+    return next(iter(cas.values()), "")
+
+
+def _scraped(
+    registry: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Iterable[str]]
+) -> dict[str, tuple[list[str], str]]:
+    """job -> (its hosts, the role whose <role>_tls_* and _basic_auth_users they serve
+    with), for the registry's jobs that a gpufleet role runs (a served_by endpoint is a
+    site's own daemon: prometheus_job_settings says how to reach it)."""
+    return {
+        job: (sorted(groups.get(str(entry["group"]), [])), str(entry["role"]))
+        for job, entry in registry.items()
+        if entry.get("role")
+    }
+
+
+def scrape_clients(
+    registry: Mapping[str, Mapping[str, Any]],
+    groups: Mapping[str, Iterable[str]],
+    hostvars: Mapping[str, Any],
+) -> dict[str, dict[str, str]]:
+    """job -> web_client of its hosts: a new exporter's scrape gets its TLS and login
+    from the exporter's own settings, with no prometheus_job_settings to write."""
+    return {
+        job: web_client(hosts, hostvars, role)
+        for job, (hosts, role) in _scraped(registry, groups).items()
+    }
+
+
+def scrape_cas(
+    registry: Mapping[str, Mapping[str, Any]],
+    groups: Mapping[str, Iterable[str]],
+    hostvars: Mapping[str, Any],
+) -> dict[str, str]:
+    """job -> the PEM that verifies its hosts ("" for plain HTTP): scrape_clients' CAs."""
+    return {
+        job: web_ca(hosts, hostvars, role)
+        for job, (hosts, role) in _scraped(registry, groups).items()
+    }

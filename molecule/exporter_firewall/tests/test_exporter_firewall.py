@@ -10,9 +10,11 @@ fw-exporter.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from functools import cache
+from pathlib import Path
 
 import testinfra
 from scenario_paths import CURL_TIMEOUT_RC, FIREWALL_UNIT, MOLECULE_INVENTORY, REPO, SCENARIO, TABLE
@@ -54,9 +56,11 @@ IPMI_PORT = 9290
 
 
 def fetch(source, port: int = NODE_PORT, path: str = "/metrics"):
-    """curl from source to fw-exporter; a short timeout, since a drop never answers."""
-    url = f"http://{address('fw-exporter')}:{port}{path}"
-    return source.run(f"curl -sS -o /dev/null -w '%{{http_code}}' --max-time 3 {url}")
+    """curl from source to fw-exporter, without a login; a short timeout, since a drop
+    never answers. The IPMI exporter serves TLS (inventory/hosts.yml)."""
+    scheme = "https" if port == IPMI_PORT else "http"
+    url = f"{scheme}://{address('fw-exporter')}:{port}{path}"
+    return source.run(f"curl -sSk -o /dev/null -w '%{{http_code}}' --max-time 3 {url}")
 
 
 def assert_enforced() -> None:
@@ -134,13 +138,22 @@ def test_prometheus_scrapes_the_overridden_node_port_and_the_ipmi_exporter():
     # Only the compute node runs the IPMI exporter; nothing is scraped on the old port.
     assert set(up("ipmi")) == {ipmi}
     assert f"{target}:9100" not in up("node")
-    body = PROM.check_output(f"curl -sSf --max-time 10 http://{ipmi}/metrics")
+    # The scrape above is TLS with gpufleet's login, derived from the IPMI exporter's own
+    # settings: the CA file Prometheus verifies with really verifies the exporter.
+    (ca_file,) = PROM.check_output("find /etc -name ipmi-ca.crt -path '*/web/*'").split()
+    password = (Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "ipmi-password").read_text()
+    login = f"-u gpufleet:{password.strip()}"
+    body = PROM.check_output(
+        f"curl -sSf --max-time 10 --cacert {ca_file} {login} https://{ipmi}/metrics"
+    )
     assert "ipmi_up" in body
+    assert fetch(PROM, port=IPMI_PORT).stdout == "401"
 
 
 def test_firewall_opens_the_overridden_and_the_ipmi_port_to_prometheus_only():
-    for port in (NODE_PORT, IPMI_PORT):
-        assert fetch(PROM, port=port).stdout == "200", port
+    # The IPMI exporter asks for a login (401): what matters here is that it answers.
+    for port, code in ((NODE_PORT, "200"), (IPMI_PORT, "401")):
+        assert fetch(PROM, port=port).stdout == code, port
         assert fetch(OTHER, port=port).rc == CURL_TIMEOUT_RC, f"fw-other reached {port}"
 
 
