@@ -74,7 +74,7 @@ TOP_UNIT_TESTS = [
     "tests/unit/inventory",
     "tests/unit/test_filters.py",
     "tests/unit/test_web_access.py",
-    "tests/unit/test_upstream_release.py",
+    "tests/unit/test_common_upstream_release.py",
     "tests/unit/test_prometheus_config.py",
     "tests/unit/test_argument_specs.py",
     "tests/unit/test_tag_limited_handlers.py",

@@ -1,7 +1,7 @@
 """How gpufleet's own clients reach a service behind its web configuration.
 
 A service that serves HTTP (Prometheus, Alertmanager) reads the exporter-toolkit web
-configuration that the `web_config` role renders from `<service>_tls_cert`,
+configuration that roles/_common's web_config piece renders from `<service>_tls_cert`,
 `<service>_tls_ca` and `<service>_basic_auth_users`. The clients gpufleet configures (the
 global tier's federation, Prometheus sending alerts, Grafana's datasources) take their
 scheme, CA and login from the same variables of the servers' hosts, so they can never

@@ -130,3 +130,32 @@ def systemd_verify_problems(unit: Path) -> list[str]:
         for line in (run.stdout + run.stderr).splitlines()
         if str(unit) in line and re.search(r"Unknown|Failed|Invalid|not valid|ignoring", line)
     ]
+
+
+# roles/_common/tasks/web_config.yml: a role includes it with no vars, and its outer
+# block's variables read the role's own (<role>_tls_cert, _<role>_web, ...).
+COMMON_WEB_CONFIG = ROLES / "_common" / "tasks" / "web_config.yml"
+
+
+def _web_config_context(role: str, overrides: dict | None) -> dict:
+    (block,) = DataLoader().load_from_file(str(COMMON_WEB_CONFIG), **TRUSTED_FILES)
+    return {**block["vars"], "ansible_parent_role_names": [role], **(overrides or {})}
+
+
+def web_config_values(role: str, host: str, overrides: dict | None = None, inventory=None) -> dict:
+    """The web configuration piece's variables (__common_web, __common_web_file, ...), as
+    role's include of it sees them."""
+    context = _web_config_context(role, overrides)
+    names = [name for name in context if name.startswith("__common_")]
+    render = templar(role, host, context, inventory)
+    return {name: render.template(trust_as_template("{{ " + name + " }}")) for name in names}
+
+
+def render_web_config(role: str, host: str, overrides: dict | None = None, inventory=None) -> str:
+    """role's web configuration as roles/_common/tasks/web_config.yml writes it: the
+    shared template (roles/_common/templates/web-config.yml.j2) in role's context."""
+    source = (ROLES / "_common" / "templates" / "web-config.yml.j2").read_text()
+    text = templar(role, host, _web_config_context(role, overrides), inventory).template(
+        trust_as_template(TEXT_GUARD + source)
+    )
+    return text[len(TEXT_GUARD) :]

@@ -29,12 +29,13 @@ from pathlib import Path
 import bcrypt
 import pytest
 import yaml
+from ansible.parsing.dataloader import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "filter"))
 
 from gpufleet_openpgp import OpenPGPError, normalize_fingerprint
 from once_per_run import once_per_run, start_early
-from render_role import evaluate, systemd_verify_problems, template_value
+from render_role import TRUSTED_FILES, evaluate, systemd_verify_problems, template_value
 from test_openpgp import gpg, gpg_fingerprints
 
 REPO = Path(__file__).resolve().parents[2]
@@ -246,17 +247,16 @@ RENDER_PLAYBOOK = """
         - cuda.repo
         - gpufleet-dcgm-exporter.tmpfiles
 
-    - name: Render the web configuration as the role does (through web_config)
+    - name: Render the web configuration as the role does (roles/_common/tasks/web_config.yml)
       ansible.builtin.template:
-        src: "{{ templates }}/../../web_config/templates/web-config.yml.j2"
+        src: "{{ templates }}/../../_common/templates/web-config.yml.j2"
         dest: "{{ out }}/{{ inventory_hostname }}/web-config.yml"
         mode: "0644"
       vars:
-        web_config_format: yaml
-        web_config_dir: "{{ _dcgm_exporter_config_dir }}"
-        web_config_tls_cert: "{{ dcgm_exporter_tls_cert }}"
-        web_config_tls_client_ca: "{{ dcgm_exporter_tls_client_ca }}"
-        web_config_basic_auth_users: "{{ dcgm_exporter_basic_auth_users }}"
+        __common_web: "{{ {'format': 'yaml'} | combine(_dcgm_exporter_web) }}"
+        __common_web_tls_cert: "{{ dcgm_exporter_tls_cert }}"
+        __common_web_tls_client_ca: "{{ dcgm_exporter_tls_client_ca }}"
+        __common_web_basic_auth_users: "{{ dcgm_exporter_basic_auth_users }}"
 
     - name: Render the prolog and the epilog as the role does
       ansible.builtin.template:
@@ -538,13 +538,19 @@ def test_preflight_refuses_a_malformed_fingerprint() -> None:
 
 
 def key_include() -> dict:
-    """The role's include of the shared repository_key task file."""
+    """The role's include of the shared task file roles/_common/tasks/repository_key.yml."""
     tasks = role_tasks("install_package.yml")
     return task_named(tasks, "Install the repository signing key")
 
 
+def key_piece_vars() -> dict:
+    """The variables of the shared task file's outer block, trusted as Ansible loads them."""
+    path = REPO / "roles" / "_common" / "tasks" / "repository_key.yml"
+    (block,) = DataLoader().load_from_file(str(path), **TRUSTED_FILES)
+    return dict(block["vars"])
+
+
 def test_each_host_gets_its_families_key_url_and_normalized_pin() -> None:
-    passed = key_include()["vars"]
     for system, key_file, distro in (
         ("Debian", "3bf863cc.pub", "debian12"),
         ("Ubuntu", "3bf863cc.pub", "ubuntu2404"),
@@ -552,19 +558,14 @@ def test_each_host_gets_its_families_key_url_and_normalized_pin() -> None:
     ):
         facts = {**FACTS[system], "architecture": "aarch64"}
         values = {
+            **key_piece_vars(),
+            "ansible_parent_role_names": ["dcgm_exporter"],
             "ansible_facts": facts,
             "dcgm_exporter_download_dir": "/cache",
             "dcgm_exporter_repo_key_fingerprint": SPACED_PINS,
         }
-        # What the role passes, then what the shared task file makes of it.
-        given = {
-            name: template_value("dcgm_exporter", value, "gpu001", values)
-            for name, value in passed.items()
-            if name != "upstream_release_key_dest"
-        }
-        key = evaluate(
-            "upstream_release", "_upstream_release_key", "gpu001", {**given, "ansible_facts": facts}
-        )
+        # What the shared task file makes of the role's _dcgm_exporter_repository_key.
+        key = evaluate("dcgm_exporter", "__common_key_resolved", "gpu001", values)
         base = "https://developer.download.nvidia.com/compute/cuda/repos"
         assert key["url"] == f"{base}/{distro}/sbsa/{key_file}"
         assert key["pin"] == PINS[key_file]
@@ -579,9 +580,11 @@ def test_each_host_gets_its_families_key_url_and_normalized_pin() -> None:
 
 def test_the_key_is_pinned_by_the_shared_task_file() -> None:
     include = key_include()
-    assert include["ansible.builtin.include_role"]["name"] == "upstream_release"
+    assert include["ansible.builtin.include_role"]["name"] == "_common"
     assert include["ansible.builtin.include_role"]["tasks_from"] == "repository_key"
-    assert include["vars"]["upstream_release_key_dest"] == "{{ __dcgm_exporter_repo.key_dest }}"
+    internal = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
+    key = internal["_dcgm_exporter_repository_key"]
+    assert key["dest"] == "{{ __dcgm_exporter_repo.key_dest }}"
     assert include["when"] == "dcgm_exporter_manage_repo | bool"
     names = [task["name"] for task in role_tasks("install_package.yml")]
     assert names.index("Resolve the repository of this host") < names.index(
@@ -594,7 +597,9 @@ def test_the_key_is_pinned_by_the_shared_task_file() -> None:
 # served from file:// URLs: one "repository" with the pinned key and an intruder, one
 # mirror. The play runs the role's own tasks (the repository and the include of the
 # shared task file), with the key's destination on the host moved under the test's
-# directory.
+# directory. The include runs in a stand-in dcgm_exporter role next to the playbook
+# (found before the real one) with the role's vars/main.yml: the shared task file reads
+# the including role's _dcgm_exporter_repository_key.
 KEY_PLAYBOOK = """
 - name: Fetch and verify the CUDA repository key as the role does
   hosts: all
@@ -625,19 +630,26 @@ KEY_PLAYBOOK = """
       ansible.builtin.set_fact:
         __dcgm_exporter_repo: "{{{{ __dcgm_exporter_repo | combine({{'key_dest': key_dest}}) }}}}"
 
-{install}
+    - name: Run the role's include of the shared task file
+      ansible.builtin.include_role:
+        name: dcgm_exporter
 """
 
 
 def key_playbook(path: Path) -> Path:
     tasks = role_tasks("install_package.yml")
-    resolve, install = (
-        textwrap.indent(yaml.safe_dump([task_named(tasks, name)], sort_keys=False), "    ")
-        for name in ("Resolve the repository of this host", "Install the repository signing key")
+    resolve = textwrap.indent(
+        yaml.safe_dump([task_named(tasks, "Resolve the repository of this host")], sort_keys=False),
+        "    ",
     )
-    path.write_text(
-        KEY_PLAYBOOK.format(vars_file=ROLE / "vars" / "main.yml", resolve=resolve, install=install)
-    )
+    stand_in = path.parent / "roles" / "dcgm_exporter"
+    for part, text in (
+        ("tasks", yaml.safe_dump([key_include()], sort_keys=False)),
+        ("vars", (ROLE / "vars" / "main.yml").read_text()),
+    ):
+        (stand_in / part).mkdir(parents=True, exist_ok=True)
+        (stand_in / part / "main.yml").write_text(text)
+    path.write_text(KEY_PLAYBOOK.format(vars_file=ROLE / "vars" / "main.yml", resolve=resolve))
     return path
 
 

@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible.parsing.dataloader import DataLoader
 from render_role import (
     ROLES,
+    TRUSTED_FILES,
     evaluate,
     example_inventory,
     render,
@@ -386,11 +388,18 @@ def test_provisioning_changes_reload_and_ini_or_package_changes_restart():
         assert task.get("notify", "reload").startswith("reload"), task["name"]
     (ini,) = [t for t in tasks("configure.yml") if "grafana.ini" in t["name"]]
     assert ini["notify"] == "restart grafana" and ini["no_log"] is True
+    # The package method installs through roles/_common/tasks/upstream_release.yml, which
+    # notifies what _grafana_release names.
+    release = yaml.safe_load((ROLE / "vars/main.yml").read_text())["_grafana_release"]
+
+    def notifies(task: dict) -> str | None:
+        include = task.get("ansible.builtin.include_role") or {}
+        if include.get("tasks_from") == "upstream_release":
+            return release["notify"]
+        return task.get("notify")
+
     for name in ("install_repository.yml", "install_package.yml"):
-        # The package method installs through upstream_release, which notifies for it.
-        notified = {
-            t.get("notify", t.get("vars", {}).get("upstream_release_notify")) for t in tasks(name)
-        } - {None}
+        notified = {notifies(t) for t in tasks(name)} - {None}
         assert notified == {"restart grafana"}
 
 
@@ -447,16 +456,21 @@ def test_preflight_wants_a_whole_fingerprint_for_the_repository(fingerprint, ok)
     ("machine", "arch"), [("x86_64", "amd64"), ("aarch64", "arm64"), ("armv7l", "armhf")]
 )
 def test_the_apt_source_names_the_hosts_architecture(machine, arch):
-    # The architecture comes from upstream_release's one map, with the names grafana
-    # passes to its repository_key entry (Debian spells 32-bit ARM armhf).
+    # The architecture comes from the one map of roles/_common/tasks/repository_key.yml,
+    # with the names _grafana_repository_key gives (Debian spells 32-bit ARM armhf).
     tasks = yaml.safe_load((ROLES / "grafana/tasks/install_repository.yml").read_text())
     (include,) = [t for t in tasks if "ansible.builtin.include_role" in t]
+    piece = include["ansible.builtin.include_role"]
+    assert (piece["name"], piece["tasks_from"]) == ("_common", "repository_key")
+    (block,) = DataLoader().load_from_file(
+        str(ROLES / "_common/tasks/repository_key.yml"), **TRUSTED_FILES
+    )
     facts = {"os_family": "Debian", "architecture": machine}
     resolved = evaluate(
-        "upstream_release",
-        "_upstream_release_arch",
+        "grafana",
+        "__common_key_arch",
         "mon03",
-        {"ansible_facts": facts, **include["vars"]},
+        {**block["vars"], "ansible_parent_role_names": ["grafana"], "ansible_facts": facts},
     )
     assert resolved == arch
     source = render(

@@ -31,13 +31,24 @@ def as_list(value: object) -> list[str]:
     return [value] if isinstance(value, str) else list(value or [])
 
 
+def release_notify(role: str) -> list[str]:
+    """What roles/_common/tasks/upstream_release.yml notifies for the role: the notify of
+    its _<role>_release (vars/main.yml)."""
+    internal = ROLES / role / "vars" / "main.yml"
+    variables = (yaml.safe_load(internal.read_text()) or {}) if internal.is_file() else {}
+    return as_list((variables.get(f"_{role}_release") or {}).get("notify"))
+
+
 def notified(role: str) -> dict[str, list[str]]:
-    """topic -> the task files that notify it (a caller's upstream_release_notify too)."""
+    """topic -> the task files that notify it (an include of _common's upstream_release
+    too, with its _<role>_release's notify)."""
     found: dict[str, list[str]] = {}
     for path in sorted((ROLES / role / "tasks").glob("*.yml")):
         for task in tasks(yaml.safe_load(path.read_text())):
             topics = as_list(task.get("notify"))
-            topics += as_list((task.get("vars") or {}).get("upstream_release_notify"))
+            include = task.get("ansible.builtin.include_role") or {}
+            if include.get("name") == "_common" and include.get("tasks_from") == "upstream_release":
+                topics += release_notify(role)
             for topic in topics:
                 found.setdefault(topic, []).append(path.name)
     return found

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import jinja2
@@ -168,6 +168,7 @@ class Task:
     file: str
     data: dict
     no_log: bool  # literally true here or on an enclosing block
+    scope: dict = field(default_factory=dict)  # the vars of its enclosing blocks
 
     @property
     def name(self) -> str:
@@ -179,14 +180,17 @@ class Task:
         return module
 
 
-def _walk(role: str, file: str, items: list, no_log: bool) -> Iterator[Task]:
+def _walk(
+    role: str, file: str, items: list, no_log: bool, scope: dict | None = None
+) -> Iterator[Task]:
     for item in items or []:
         own = item.get("no_log") is True
         if "block" in item:
+            inner = {**(scope or {}), **(item.get("vars") or {})}
             for part in ("block", "rescue", "always"):
-                yield from _walk(role, file, item.get(part), no_log or own)
+                yield from _walk(role, file, item.get(part), no_log or own, inner)
         else:
-            yield Task(role, file, item, no_log or own)
+            yield Task(role, file, item, no_log or own, dict(scope or {}))
 
 
 @dataclass
@@ -393,8 +397,8 @@ KNOWN = {
     ("grafana", "handlers/main.yml: Reload Grafana datasources"),
     # The exporters', the Slurm exporter's, Prometheus' and Alertmanager's web
     # configuration and TLS key.
-    ("web_config", "tasks/main.yml: Install the TLS key"),
-    ("web_config", "tasks/main.yml: Write the web configuration (TLS and basic auth)"),
+    ("_common", "tasks/web_config.yml: Install the TLS key"),
+    ("_common", "tasks/web_config.yml: Write the web configuration (TLS and basic auth)"),
 }
 
 
@@ -409,9 +413,9 @@ def test_the_audit_leaves_tasks_without_secrets_alone(roles):
         ("prometheus", "tasks/instance.yml: Write the unit of {{ _instance.name }}"),
         ("prometheus", "tasks/instance.yml: Write the scrape targets of {{ _instance.name }}"),
         ("node_exporter", "tasks/configure.yml: Write the systemd unit"),
-        ("web_config", "tasks/main.yml: Install the TLS certificate"),
-        ("web_config", "tasks/main.yml: Install the TLS client CA"),
-        ("web_config", "tasks/main.yml: Remove TLS files no longer wanted"),
+        ("_common", "tasks/web_config.yml: Install the TLS certificate"),
+        ("_common", "tasks/web_config.yml: Install the TLS client CA"),
+        ("_common", "tasks/web_config.yml: Remove TLS files no longer wanted"),
         (
             "grafana",
             "tasks/provision_org.yml: Write the dashboard provider ({{ __grafana_target.name }})",
@@ -497,6 +501,20 @@ def validated_secret_tasks(roles) -> list[tuple[Role, Task]]:
     ]
 
 
+def including_role(roles, role: Role, task: Task) -> str:
+    """The role whose variables the task sees: its own, or for a task file of an internal
+    role (roles/_common/tasks/web_config.yml) the first role that includes that file."""
+    if not role.name.startswith("_"):
+        return role.name
+    piece = Path(task.file).stem
+    for other in roles:
+        for candidate in other.tasks:
+            include = candidate.data.get("ansible.builtin.include_role") or {}
+            if include.get("name") == role.name and include.get("tasks_from") == piece:
+                return other.name
+    raise AssertionError(f"no role includes {role.name}/{task.file}")
+
+
 def test_a_refused_secret_file_is_explained_with_its_secrets_masked(roles):
     found = validated_secret_tasks(roles)
     assert {role.name for role, _ in found} >= {"prometheus", "alertmanager", "loki"}
@@ -524,8 +542,20 @@ def test_a_refused_secret_file_is_explained_with_its_secrets_masked(roles):
                 for value in secrets.values()
             ),
         }
-        values = {**secrets, register: failed, "_instance": {"name": "shard-0"}}
-        message = template_value(role.name, trust_as_template(msg), "mon01", values)
+        # Where the explanation reads the vars of an enclosing block (a _common piece, which
+        # reads its including role's variables), as that role sees them.
+        seen_by = including_role(roles, role, task)
+        scope = {
+            k: trust_as_template(v) if isinstance(v, str) else v for k, v in task.scope.items()
+        }
+        values = {
+            **scope,
+            "ansible_parent_role_names": [seen_by],
+            **secrets,
+            register: failed,
+            "_instance": {"name": "shard-0"},
+        }
+        message = template_value(seen_by, trust_as_template(msg), "mon01", values)
         assert "failed to validate" in message
         assert "s3cr3t" not in message, message
         assert "kept" in message, "a name: is no secret and stays readable"

@@ -23,8 +23,9 @@ from render_role import (
     evaluate,
     example_inventory,
     render,
+    render_web_config,
     template_value,
-    trust_as_template,
+    web_config_values,
 )
 
 from gpufleet_node.job_summary import cli as job_summary_cli
@@ -37,21 +38,19 @@ PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 
 
 def web_config(overrides: dict) -> dict:
-    """The web configuration as the role writes it: roles/web_config's template, with the
-    variables the role's include passes, in the role's context."""
+    """The web configuration as the role writes it: roles/_common/tasks/web_config.yml,
+    which the role includes with no vars, reading the role's own variables."""
     configure = yaml.safe_load((ROLES / ROLE / "tasks" / "configure.yml").read_text())
     (task,) = [
         t
         for t in configure
-        if t.get("ansible.builtin.include_role", {}).get("name") == "web_config"
+        if t.get("ansible.builtin.include_role", {}).get("tasks_from") == "web_config"
     ]
-    passed = {
-        name: template_value(ROLE, trust_as_template(str(value)), HOST, overrides)
-        for name, value in task["vars"].items()
-    }
-    assert passed["web_config_format"] == "json"
-    assert passed["web_config_validate"].endswith("--check-web-config %s")
-    return json.loads(render("web_config", "web-config.yml.j2", HOST, passed))
+    assert task["ansible.builtin.include_role"]["name"] == "_common" and "vars" not in task
+    piece = web_config_values(ROLE, HOST, overrides)
+    assert piece["__common_web_file"] == "/etc/gpufleet/slurm-exporter/web-config.json"
+    assert piece["__common_web"]["validate"].endswith("--check-web-config %s")
+    return json.loads(render_web_config(ROLE, HOST, overrides))
 
 
 def check(
@@ -181,16 +180,20 @@ def test_a_configure_run_installs_the_exporter_it_validates_with(tmp_path):
     # Right after an upgrade, --tags slurm_exporter_configure must check the new web
     # config and node map with the new exporter, not the last release's (or none).
     configure = yaml.safe_load((ROOT / "roles" / ROLE / "tasks" / "configure.yml").read_text())
-    validating = [t for t in configure if "validate" in str(t)]
-    assert validating
-    for task in validating:
-        # A template or copy validates itself; web_config validates with what it is given.
-        module = (
-            task.get("ansible.builtin.template")
-            or task.get("ansible.builtin.copy")
-            or {"validate": task["vars"]["web_config_validate"]}
-        )
-        assert "{{ _slurm_exporter_script }}" in module["validate"], task["name"]
+    validating = {
+        task["name"]: (task.get("ansible.builtin.template") or task["ansible.builtin.copy"])[
+            "validate"
+        ]
+        for task in configure
+        if "validate" in str(task)
+    }
+    # The web configuration (roles/_common/tasks/web_config.yml) validates with the
+    # role's _slurm_exporter_web.
+    internal = yaml.safe_load((ROOT / "roles" / ROLE / "vars" / "main.yml").read_text())
+    validating["web configuration"] = internal["_slurm_exporter_web"]["validate"]
+    assert len(validating) == 2
+    for name, validate in validating.items():
+        assert "{{ _slurm_exporter_script }}" in validate, name
     playbook = tmp_path / "play.yml"
     playbook.write_text(
         "- name: List\n  hosts: all\n  gather_facts: false\n  roles: [slurm_exporter]\n"
@@ -207,8 +210,8 @@ def test_a_configure_run_installs_the_exporter_it_validates_with(tmp_path):
         env={**os.environ, "ANSIBLE_ROLES_PATH": str(ROOT / "roles")},
         check=True,
     ).stdout
-    # "role : name" for a task, the bare name for an include_role (web_config, and the
-    # zipapps: roles/_common/tasks/zipapp.yml, whose tasks carry the step's tags).
+    # "role : name" for a task, the bare name for an include_role (roles/_common's
+    # web_config.yml and zipapp.yml, whose tasks carry the step's tags).
     names = [line.split(" : ", 1)[-1].split("\t")[0].strip() for line in listed.splitlines()]
     install = names.index("Build and install the exporter and job summary zipapps")
     assert install < names.index("Write the web configuration (TLS and basic auth)")

@@ -24,10 +24,12 @@ def install_notifies(role: str) -> bool:
     """Whether a task of the role's install step (`--tags <role>_install`) notifies; an
     include by method (install_{{ method }}.yml) counts every method's file, and an
     include of _common's zipapp (roles/_common/tasks/zipapp.yml) counts when one of the
-    role's _<role>_zipapps restarts."""
+    role's _<role>_zipapps restarts, and one of _common's upstream_release
+    (roles/_common/tasks/upstream_release.yml) when the role's _<role>_release notifies."""
     internal = ROLES / role / "vars" / "main.yml"
-    zipapps = (yaml.safe_load(internal.read_text()) or {}) if internal.is_file() else {}
-    restarts = any(app.get("restart") is True for app in zipapps.get(f"_{role}_zipapps") or [])
+    declared = (yaml.safe_load(internal.read_text()) or {}) if internal.is_file() else {}
+    restarts = any(app.get("restart") is True for app in declared.get(f"_{role}_zipapps") or [])
+    release_notifies = bool((declared.get(f"_{role}_release") or {}).get("notify"))
     for step in yaml.safe_load((ROLES / role / "tasks" / "main.yml").read_text()):
         if f"{role}_install" not in step.get("tags", []):
             continue
@@ -37,11 +39,16 @@ def install_notifies(role: str) -> bool:
         name = imported["file"] if isinstance(imported, dict) else str(imported)
         for path in (ROLES / role / "tasks").glob(re.sub(r"\{\{.*?\}\}", "*", name)):
             for task in all_tasks(yaml.safe_load(path.read_text())):
-                if task.get("notify") or (task.get("vars") or {}).get("upstream_release_notify"):
+                if task.get("notify"):
                     return True
                 include = task.get("ansible.builtin.include_role") or {}
                 zipapp = include.get("name") == "_common" and include.get("tasks_from") == "zipapp"
                 if zipapp and restarts:
+                    return True
+                release = include.get("name") == "_common" and (
+                    include.get("tasks_from") == "upstream_release"
+                )
+                if release and release_notifies:
                     return True
     return False
 

@@ -177,12 +177,8 @@ def services(scenario: Scenario) -> dict[str, list[tuple[str, str]]]:
 
 def test_every_role_that_runs_a_service_writes_a_unit_or_drop_in():
     found = systemd_templates()
-    # upstream_release only installs binaries, web_config writes a service's web
-    # configuration and _common is the roles' shared machinery; every other role runs a
-    # service.
+    # _common is the roles' shared machinery; every other role runs a service.
     runs = {p.name for p in ROLES.iterdir() if (p / "tasks" / "main.yml").exists()} - {
-        "upstream_release",
-        "web_config",
         "_common",
     }
     assert set(found) == runs

@@ -1,6 +1,7 @@
 """TLS and basic auth on Prometheus and Alertmanager, and every client gpufleet configures.
 
-The servers render the exporter-toolkit web configuration (roles/web_config); the global
+The servers render the exporter-toolkit web configuration (roles/_common/tasks/web_config.yml,
+its checks in roles/_common/tasks/preflight.yml: test_common_web_config.py); the global
 tier's federation, Prometheus' self-scrape, alert delivery, Grafana's datasources and
 Loki's ruler take scheme, CA and login from the same variables of the servers' hosts.
 Checked here with a real CA and certificate, promtool's own checkers and bcrypt.
@@ -17,12 +18,13 @@ import bcrypt
 import pytest
 import yaml
 from ansible.plugins.loader import filter_loader
-from render_role import ROOT, evaluate, example_inventory, render
+from render_role import ROOT, evaluate, example_inventory, render, render_web_config
 
 filter_loader.add_directory(str(ROOT / "plugins" / "filter"))
 sys.path.insert(0, str(ROOT / "plugins" / "filter"))
 
 from gpufleet_web import gpufleet_web_ca, gpufleet_web_client  # noqa: E402
+from test_common_web_config import accepted  # noqa: E402
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(not PROMTOOL, reason="promtool not installed")
@@ -172,14 +174,15 @@ def assert_promtool_accepts(what: str, path: Path, *flags: str) -> None:
 
 
 def web_config(pki: dict, directory: Path, **values) -> str:
+    """Prometheus' web configuration, written into directory."""
     overrides = {
-        "web_config_dir": str(directory),
-        "web_config_tls_cert": pki["tls.crt"],
-        "web_config_tls_key": pki["tls.key"],
-        "web_config_basic_auth_users": {"gpufleet": PASSWORD},
+        "_prometheus_web_dir": str(directory),
+        "prometheus_tls_cert": pki["tls.crt"],
+        "prometheus_tls_key": pki["tls.key"],
+        "prometheus_basic_auth_users": {"gpufleet": PASSWORD},
         **values,
     }
-    return render("web_config", "web-config.yml.j2", "mon01", overrides)
+    return render_web_config("prometheus", "mon01", overrides)
 
 
 @needs_promtool
@@ -198,34 +201,18 @@ def test_the_web_config_passes_promtool_and_holds_only_bcrypt_hashes(pki, tmp_pa
 
 @needs_promtool
 def test_an_empty_web_config_serves_plain_http_and_passes_promtool(tmp_path):
-    text = render("web_config", "web-config.yml.j2", "mon01", {"web_config_dir": str(tmp_path)})
+    text = render_web_config("prometheus", "mon01", {"_prometheus_web_dir": str(tmp_path)})
     assert yaml.safe_load(text) is None
     (tmp_path / "web-config.yml").write_text(text)
     assert_promtool_accepts("web-config", tmp_path / "web-config.yml")
 
 
-@pytest.mark.parametrize(
-    ("values", "ok"),
-    [
-        ({}, True),
-        ({"web_config_tls_cert": "CERT", "web_config_tls_key": "KEY"}, True),
-        ({"web_config_tls_cert": "CERT"}, False),
-        ({"web_config_tls_key": "KEY"}, False),
-        ({"web_config_tls_cert": "not pem", "web_config_tls_key": "KEY"}, False),
-        ({"web_config_tls_client_ca": "CERT"}, False),
-        ({"web_config_basic_auth_users": {"a:b": "x"}}, False),
-        ({"web_config_basic_auth_users": {"a\nb": "x"}}, False),
-        ({"web_config_basic_auth_users": {"a": ""}}, False),
-        ({"web_config_basic_auth_users": {"a": "secret"}}, True),
-    ],
-)
-def test_web_config_preflight(pki, values, ok):
-    pem = {"CERT": pki["tls.crt"], "KEY": pki["tls.key"]}
-    values = {k: pem.get(v, v) if isinstance(v, str) else v for k, v in values.items()}
-    task = yaml.safe_load((ROOT / "roles/web_config/tasks/main.yml").read_text())[0]
-    conditions = task["ansible.builtin.assert"]["that"]
-    results = [evaluate("web_config", c, "mon01", values) for c in conditions]
-    assert all(results) is ok, list(zip(conditions, results, strict=True))
+def test_a_real_certificate_and_key_pass_the_shared_preflight(pki):
+    # roles/_common/tasks/preflight.yml's check (test_common_web_config.py), on real PEM.
+    values = {"tls_cert": pki["tls.crt"], "tls_key": pki["tls.key"], "tls_client_ca": pki["ca.crt"]}
+    for role in ("prometheus", "alertmanager"):
+        assert accepted(role, **values, basic_auth_users={"gpufleet": PASSWORD})
+        assert not accepted(role, **{**values, "tls_key": pki["tls.crt"]})
 
 
 # Prometheus' own clients --------------------------------------------------------------

@@ -335,7 +335,7 @@ def test_package_method_installs_only_the_verified_deb(host, tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:]
     assert host.file(cached).sha256sum == built["deb_sha256"]
-    # The controller caches it under its checksum (upstream_release).
+    # The controller caches it under its checksum (roles/_common/tasks/upstream_release.yml).
     assert (tmp_path / "good" / "grafana" / built["deb_sha256"] / Path(built["deb"]).name).exists()
     assert host.check_output("dpkg-query -W -f '${Version}' grafana") == built["version"]
     wait_healthy()

@@ -176,9 +176,9 @@ def assert_download_refused(result, host) -> None:
 
 
 def test_wrong_loki_checksum_fails_clearly_and_changes_nothing(host, tmp_path):
-    # An empty download cache that the role finds as it wants it (upstream_release keeps
-    # each artifact under its pinned sha256): a clean failure then reports changed=0,
-    # controller side included.
+    # An empty download cache that the role finds as it wants it (roles/_common's
+    # upstream_release.yml keeps each artifact under its pinned sha256): a clean failure
+    # then reports changed=0, controller side included.
     cache = tmp_path / "loki" / built()["loki"]["sha256"]
     cache.mkdir(parents=True)
     cache.chmod(0o755)

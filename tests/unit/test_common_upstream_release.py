@@ -1,13 +1,19 @@
-"""upstream_release: the one download-and-verify of gpufleet.
+"""roles/_common/tasks/upstream_release.yml: the one download-and-verify of gpufleet.
+
+A role says what to install in its vars/main.yml, _<role>_release, and includes the
+shared task file from its install step (roles/_common/tasks/repository_key.yml does the
+same for a repository's signing key, from _<role>_repository_key).
 
 Rendered: the architecture map, the pin keys, the URLs and the cache of each artifact
-kind. Run for real (ansible-playbook on this machine, artifacts served from file://
-URLs): a tarball and a zip installed and reinstalled without change, check mode, and a
-tampered artifact refused with the installed binary left in place.
+kind, and each caller's settings. Run for real (ansible-playbook on this machine, through
+a stand-in calling role, artifacts served from file:// URLs): a tarball and a zip
+installed and reinstalled without change, check mode, and a tampered artifact refused
+with the installed binary left in place.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import os
@@ -16,37 +22,75 @@ import subprocess
 import sys
 import tarfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from render_role import ROLES, evaluate, role_variables, template_value, trust_as_template
+from ansible.parsing.dataloader import DataLoader
+from render_role import (
+    ROLES,
+    TRUSTED_FILES,
+    evaluate,
+    template_value,
+)
 
 REPO = ROLES.parent
-ROLE = ROLES / "upstream_release"
+COMMON = ROLES / "_common" / "tasks"
+PIECE = COMMON / "upstream_release.yml"
+KEY_PIECE = COMMON / "repository_key.yml"
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 PIN = "a" * 64
+# The calling role of the rendered tests that need none of a real role's variables.
+CALLER = "caller"
 
 
-def tasks(role: str, name: str) -> list[dict]:
-    return yaml.safe_load((ROLES / role / "tasks" / name).read_text())
+def all_tasks(items: list | None) -> Iterator[dict]:
+    """Tasks, the ones in blocks included."""
+    for item in items or []:
+        yield item
+        for key in ("block", "rescue", "always"):
+            yield from all_tasks(item.get(key))
+
+
+def load(path: Path) -> list[dict]:
+    return yaml.safe_load(path.read_text())
 
 
 def task_named(items: list[dict], name: str) -> dict:
-    for task in items:
-        for candidate in [task, *task.get("block", []), *task.get("rescue", [])]:
-            if candidate.get("name") == name:
-                return candidate
+    for task in all_tasks(items):
+        if task.get("name") == name:
+            return task
     raise AssertionError(f"no task {name!r}")
 
 
-def value(expression: str, arch: str = "x86_64", family: str = "Debian", **overrides):
-    variables = {
+@functools.cache
+def _piece_vars(path: Path) -> dict:
+    """The variables the shared file's outer block defines, trusted as Ansible loads them."""
+    (outer,) = DataLoader().load_from_file(str(path), **TRUSTED_FILES)
+    return dict(outer["vars"])
+
+
+def piece_vars(path: Path = PIECE) -> dict:
+    return dict(_piece_vars(path))
+
+
+def in_role(role: str, expression: str, overrides: dict, path: Path = PIECE):
+    """A value of the shared file, included from ``role`` (its defaults and vars loaded;
+    _common: from the stand-in CALLER, whose variables are the overrides)."""
+    parent = CALLER if role == "_common" else role
+    variables = {**piece_vars(path), "ansible_parent_role_names": [parent], **overrides}
+    return evaluate(role, expression, "localhost", variables)
+
+
+def value(expression: str, arch: str = "x86_64", family: str = "Debian", **release):
+    """A value of the shared file for a role whose _<role>_release is ``release`` (its
+    download_dir set: the default's lookup reads this machine's HOME)."""
+    overrides = {
         "ansible_facts": {"architecture": arch, "os_family": family},
-        "upstream_release_download_dir": "/cache",  # its default needs a lookup
-        **overrides,
+        f"_{CALLER}_release": {"download_dir": "/cache", **release},
     }
-    return evaluate("upstream_release", expression, "localhost", variables)
+    return in_role("_common", expression, overrides)
 
 
 # --- rendered -----------------------------------------------------------------------
@@ -57,21 +101,23 @@ def value(expression: str, arch: str = "x86_64", family: str = "Debian", **overr
     [("x86_64", "amd64"), ("aarch64", "arm64"), ("armv7l", "armv7"), ("ppc64le", "ppc64le")],
 )
 def test_architecture_map_gives_the_upstream_spelling(machine: str, upstream: str) -> None:
-    assert value("_upstream_release_arch", machine) == upstream
+    assert value("__common_release_arch", machine) == upstream
 
 
 def test_unmapped_architecture_is_refused_in_one_line() -> None:
-    check = task_named(
-        tasks("upstream_release", "main.yml"),
-        "Check that the host's architecture has an upstream name",
-    )
+    check = task_named(load(PIECE), "Check that the host's architecture has an upstream name")
     assert value(check["ansible.builtin.assert"]["that"], "riscv64") is False
     assert value(check["ansible.builtin.assert"]["that"], "x86_64") is True
     message = template_value(
-        "upstream_release",
+        "_common",
         check["ansible.builtin.assert"]["fail_msg"],
         "localhost",
-        {"ansible_facts": {"architecture": "riscv64"}, "upstream_release_name": "loki"},
+        {
+            **piece_vars(),
+            "ansible_parent_role_names": [CALLER],
+            "ansible_facts": {"architecture": "riscv64"},
+            f"_{CALLER}_release": {"name": "loki"},
+        },
     ).strip()
     assert "\n" not in message
     assert message.startswith("loki: no upstream architecture for riscv64 ")
@@ -86,7 +132,11 @@ def test_no_role_keeps_an_architecture_map_of_its_own() -> None:
         if re.search(r"_arch_map$", name)
     }
     # dcgm_exporter's map spells NVIDIA's repository paths (x86_64, sbsa), not artifacts.
-    assert maps == {"upstream_release/vars/main.yml", "dcgm_exporter/vars/main.yml"}
+    assert maps == {"dcgm_exporter/vars/main.yml"}
+    # The repository keys' map is the releases' one.
+    releases = yaml.safe_load(PIECE.read_text())[0]["vars"]["__common_release_arch_map"]
+    keys = yaml.safe_load(KEY_PIECE.read_text())[0]["vars"]["__common_key_arch_map"]
+    assert keys == releases
 
 
 @pytest.mark.parametrize(
@@ -100,45 +150,45 @@ def test_no_role_keeps_an_architecture_map_of_its_own() -> None:
 )
 def test_archives_are_pinned_per_arch_and_packages_per_kind_and_arch(kind, arch, key) -> None:
     pins = {"2.0.0": {key: PIN.upper()}, "1.0.0": {key: "b" * 64}}
-    found = value(
-        "_upstream_release_pin",
-        arch,
-        upstream_release_kind=kind,
-        upstream_release_version="2.0.0",
-        upstream_release_sha256=pins,
-    )
+    found = value("__common_release_pin", arch, kind=kind, version="2.0.0", sha256=pins)
     assert found == PIN
     other = {"2.0.0": {"amd64" if key != "amd64" else "arm64": PIN}}
-    assert (
-        value(
-            "_upstream_release_pin",
-            arch,
-            upstream_release_kind=kind,
-            upstream_release_version="2.0.0",
-            upstream_release_sha256=other,
-        )
-        == ""
-    )
+    assert value("__common_release_pin", arch, kind=kind, version="2.0.0", sha256=other) == ""
 
 
 def test_default_url_is_the_prometheus_layout_under_the_mirror() -> None:
-    common = {
-        "upstream_release_name": "node_exporter",
-        "upstream_release_project": "prometheus/node_exporter",
-        "upstream_release_version": "1.9.1",
-    }
-    assert value("_upstream_release_url", "aarch64", **common) == (
+    common = {"name": "node_exporter", "project": "prometheus/node_exporter", "version": "1.9.1"}
+    assert value("__common_release_source", "aarch64", **common) == (
         "https://github.com/prometheus/node_exporter/releases/download/v1.9.1/node_exporter-1.9.1.linux-arm64.tar.gz"
     )
-    mirrored = value(
-        "_upstream_release_url", "x86_64", gpufleet_mirror_url="https://mirror.example/gh", **common
+    mirrored = in_role(
+        "_common",
+        "__common_release_source",
+        {
+            "ansible_facts": {"architecture": "x86_64"},
+            "gpufleet_mirror_url": "https://mirror.example/gh",
+            f"_{CALLER}_release": common,
+        },
     )
     assert mirrored == (
         "https://mirror.example/gh/prometheus/node_exporter/releases/download/v1.9.1/node_exporter-1.9.1.linux-amd64.tar.gz"
     )
-    assert (
-        value("_upstream_release_top_dir", "x86_64", **common) == "node_exporter-1.9.1.linux-amd64/"
+    assert value("__common_release_top_dir", "x86_64", **common) == (
+        "node_exporter-1.9.1.linux-amd64/"
     )
+
+
+def test_the_download_directory_is_the_site_wide_one_unless_the_role_names_one() -> None:
+    def download_dir(release: dict, **site: str) -> str:
+        return in_role(
+            "_common",
+            "__common_release_download_dir",
+            {f"_{CALLER}_release": release, **site},
+        ).strip()
+
+    assert download_dir({}, gpufleet_download_dir="/srv/mirror") == "/srv/mirror"
+    assert download_dir({}).endswith("/.cache/gpufleet/downloads")
+    assert download_dir({"download_dir": "/role"}, gpufleet_download_dir="/srv") == "/role"
 
 
 @pytest.mark.parametrize(
@@ -166,13 +216,13 @@ def test_default_url_is_the_prometheus_layout_under_the_mirror() -> None:
 )
 def test_artifact_is_cached_under_its_checksum(kind, url, file, unpacked) -> None:
     artifact = value(
-        "_upstream_release_artifact",
+        "__common_release_resolved",
         "aarch64",
-        upstream_release_name="r",
-        upstream_release_kind=kind,
-        upstream_release_url=url,
-        upstream_release_version="1",
-        upstream_release_sha256={"1": {"arm64" if kind == "zip" else f"{kind}-arm64": PIN}},
+        name="r",
+        kind=kind,
+        url=url,
+        version="1",
+        sha256={"1": {"arm64" if kind == "zip" else f"{kind}-arm64": PIN}},
     )
     assert artifact["url"] == url.replace("{arch}", "arm64")
     assert artifact["sha256"] == PIN
@@ -182,54 +232,71 @@ def test_artifact_is_cached_under_its_checksum(kind, url, file, unpacked) -> Non
     assert artifact["unpacked"] == f"/cache/r/{PIN}/{unpacked}"
 
 
-def loki_release(expression: str, arch: str, **overrides):
-    """An upstream_release value with the variables roles/loki passes."""
-    (call,) = [t for t in tasks("loki", "install.yml") if "ansible.builtin.include_role" in t]
-    passed = {
-        name: trust_as_template(item) if isinstance(item, str) else item
-        for name, item in call["vars"].items()
-    }
-    # The download directory's default needs a lookup.
-    passed["upstream_release_download_dir"] = "/cache"
-    return value(expression, arch, **{**role_variables("loki"), **passed, **overrides})
+def caller_release(role: str, expression: str, arch: str, family: str = "Debian", **overrides):
+    """A value of the shared file included from ``role``, with its own _<role>_release."""
+    facts = {"architecture": arch, "os_family": family}
+    site = {"gpufleet_download_dir": "/cache"}  # the default's lookup reads HOME
+    return in_role(role, expression, {"ansible_facts": facts, **site, **overrides})
 
 
 def test_loki_armv7_is_the_upstream_arm_build() -> None:
     # Loki spells armv7 "arm" (loki-linux-arm.zip); the shared map says armv7.
     pins = {"3.7.8": {"arm": PIN}}
-    artifact = loki_release("_upstream_release_artifact", "armv7l", loki_binary_sha256=pins)
+    artifact = caller_release(
+        "loki", "__common_release_resolved", "armv7l", loki_binary_sha256=pins
+    )
     assert artifact["url"].endswith("/v3.7.8/loki-linux-arm.zip")
     assert artifact["arch"] == "arm"  # the binary inside: loki-linux-arm
     assert artifact["sha256"] == PIN
-    assert loki_release("_upstream_release_pin_key", "armv7l") == "arm"
+    assert artifact["cache"] == f"/cache/loki/{PIN}"
+    assert caller_release("loki", "__common_release_pin_key", "armv7l") == "arm"
     # Other architectures and other callers keep the shared spelling.
-    assert loki_release("_upstream_release_url", "aarch64").endswith("/loki-linux-arm64.zip")
-    assert value("_upstream_release_arch", "armv7l") == "armv7"
+    assert caller_release("loki", "__common_release_source", "aarch64").endswith(
+        "/loki-linux-arm64.zip"
+    )
+    assert value("__common_release_arch", "armv7l") == "armv7"
+
+
+def test_grafanas_one_checksum_pins_the_key_of_the_hosts_package() -> None:
+    for family, machine, key in (
+        ("Debian", "x86_64", "deb-amd64"),
+        ("RedHat", "aarch64", "rpm-arm64"),
+    ):
+        overrides = {
+            "grafana_package_url": "https://m/grafana.{arch}",
+            "grafana_package_sha256": PIN,
+        }
+        assert caller_release("grafana", "__common_release_pin_key", machine, family) == key
+        assert (
+            caller_release("grafana", "__common_release_pin", machine, family, **overrides) == PIN
+        )
 
 
 def test_missing_pin_message_names_the_variable_and_the_key() -> None:
     check = task_named(
-        tasks("upstream_release", "main.yml"),
-        "Check that a checksum is pinned for this version and architecture",
+        load(PIECE), "Check that a checksum is pinned for this version and architecture"
     )
     variables = {
+        **piece_vars(),
+        "ansible_parent_role_names": [CALLER],
         "ansible_facts": {"architecture": "aarch64"},
-        "upstream_release_download_dir": "/cache",
-        "upstream_release_name": "alloy",
-        "upstream_release_kind": "deb",
-        "upstream_release_version": "1.18.1",
-        "upstream_release_url": "https://m/alloy-1.18.1-1.{arch}.deb",
-        "upstream_release_sha256": {"1.18.1": {"deb-amd64": PIN}},
-        "upstream_release_sha256_variable": "alloy_package_sha256",
+        f"_{CALLER}_release": {
+            "download_dir": "/cache",
+            "name": "alloy",
+            "kind": "deb",
+            "version": "1.18.1",
+            "url": "https://m/alloy-1.18.1-1.{arch}.deb",
+            "sha256": {"1.18.1": {"deb-amd64": PIN}},
+            "sha256_variable": "alloy_package_sha256",
+        },
     }
     that = check["ansible.builtin.assert"]["that"]
     assert (
-        evaluate("upstream_release", " and ".join(f"({t})" for t in that), "localhost", variables)
-        is False
+        evaluate("_common", " and ".join(f"({t})" for t in that), "localhost", variables) is False
     )
     message = " ".join(
         template_value(
-            "upstream_release", check["ansible.builtin.assert"]["fail_msg"], "localhost", variables
+            "_common", check["ansible.builtin.assert"]["fail_msg"], "localhost", variables
         ).split()
     )
     pin = '{"1.18.1": {"deb-arm64": "<sha256 of alloy-1.18.1-1.arm64.deb>"}}'
@@ -242,20 +309,22 @@ def test_upstream_release_is_the_only_download_and_verify() -> None:
         for path in ROLES.glob("*/tasks/*.yml")
         if re.search(r"\b(get_url|checksum):", path.read_text())
     }
-    assert downloads == {
-        "upstream_release/tasks/main.yml",
-        "upstream_release/tasks/repository_key.yml",
-    }
+    assert downloads == {"_common/tasks/upstream_release.yml", "_common/tasks/repository_key.yml"}
 
 
-# Every role that includes upstream_release: (role, file, its install tags, tasks_from).
+# Every role that includes a shared download: (role, file, its install tags, piece).
 CALLERS = [
-    ("node_exporter", "install_binary.yml", ["node_exporter", "node_exporter_install"], None),
-    ("prometheus", "install.yml", ["prometheus", "prometheus_install"], None),
-    ("alertmanager", "install.yml", ["alertmanager", "alertmanager_install"], None),
-    ("loki", "install.yml", ["loki", "loki_install"], None),
-    ("alloy", "install.yml", ["alloy", "alloy_install"], None),
-    ("grafana", "install_package.yml", ["grafana", "grafana_install"], None),
+    (
+        "node_exporter",
+        "install_binary.yml",
+        ["node_exporter", "node_exporter_install"],
+        "upstream_release",
+    ),
+    ("prometheus", "install.yml", ["prometheus", "prometheus_install"], "upstream_release"),
+    ("alertmanager", "install.yml", ["alertmanager", "alertmanager_install"], "upstream_release"),
+    ("loki", "install.yml", ["loki", "loki_install"], "upstream_release"),
+    ("alloy", "install.yml", ["alloy", "alloy_install"], "upstream_release"),
+    ("grafana", "install_package.yml", ["grafana", "grafana_install"], "upstream_release"),
     ("grafana", "install_repository.yml", ["grafana", "grafana_install"], "repository_key"),
     (
         "dcgm_exporter",
@@ -264,30 +333,63 @@ CALLERS = [
         "repository_key",
     ),
 ]
+# What each piece reads from _<role>_release / _<role>_repository_key: the keys a role
+# must give, and the ones it may.
+RELEASE_KEYS = {"name", "version", "notify"}
+RELEASE_OPTIONAL = {
+    "kind", "project", "url", "base_url", "arch_names", "sha256", "sha256_variable",
+    "binaries", "install_dir", "download_dir",
+}  # fmt: skip
+KEY_KEYS = {"name", "url", "fingerprint", "dest"}
+KEY_OPTIONAL = {"download_dir", "arch_names"}
 
 
-@pytest.mark.parametrize(("role", "file", "tags", "entry"), CALLERS)
-def test_callers_include_upstream_release_with_their_tags(role, file, tags, entry) -> None:
-    (call,) = [t for t in tasks(role, file) if "ansible.builtin.include_role" in t]
+def internal(role: str) -> dict:
+    return yaml.safe_load((ROLES / role / "vars" / "main.yml").read_text()) or {}
+
+
+@pytest.mark.parametrize(("role", "file", "tags", "piece"), CALLERS)
+def test_callers_include_the_shared_file_with_their_tags(role, file, tags, piece) -> None:
+    (call,) = [
+        task
+        for task in load(ROLES / role / "tasks" / file)
+        if (task.get("ansible.builtin.include_role") or {}).get("tasks_from") == piece
+    ]
     include = call["ansible.builtin.include_role"]
-    assert include["name"] == "upstream_release"
-    assert include.get("tasks_from") == entry
+    assert include["name"] == "_common"
     # Without apply, a --tags run of the role would skip every included task.
     assert include["apply"]["tags"] == tags
+    # ansible-lint refuses vars passed to a role named _*: the role's vars/main.yml says.
+    assert "vars" not in call and "vars" not in include
+
+
+@pytest.mark.parametrize(("role", "file", "tags", "piece"), CALLERS)
+def test_callers_say_what_to_install_in_their_vars(role, file, tags, piece) -> None:
+    if piece == "upstream_release":
+        settings = internal(role)[f"_{role}_release"]
+        assert RELEASE_KEYS <= set(settings) <= RELEASE_KEYS | RELEASE_OPTIONAL, sorted(settings)
+        # A handler of the role listens on what the install notifies.
+        assert settings["notify"] == f"restart {role}"
+        # The message of a missing pin names the variable users add it to.
+        assert "sha256" in settings and f"{role}_" in settings["sha256_variable"]
+    else:
+        settings = internal(role)[f"_{role}_repository_key"]
+        assert KEY_KEYS <= set(settings) <= KEY_KEYS | KEY_OPTIONAL, sorted(settings)
 
 
 def test_every_caller_is_in_the_list_above() -> None:
-    callers = {
-        (path.parent.parent.name, path.name)
-        for path in ROLES.glob("*/tasks/*.yml")
-        if path.parent.parent.name != "upstream_release"
-        and re.search(r"name: upstream_release\b", path.read_text())
-    }
+    callers = set()
+    for path in ROLES.glob("*/tasks/*.yml"):
+        for task in all_tasks(load(path)):
+            include = task.get("ansible.builtin.include_role") or {}
+            if include.get("tasks_from") in ("upstream_release", "repository_key"):
+                callers.add((path.parent.parent.name, path.name))
     assert callers == {(role, file) for role, file, _, _ in CALLERS}
+    assert not (ROLES / "upstream_release").exists()
 
 
 def test_package_install_waits_for_the_verified_copy_and_is_check_mode_safe() -> None:
-    main = tasks("upstream_release", "main.yml")
+    main = load(PIECE)[0]["block"]
     names = [t["name"] for t in main]
     assert names.index("Download and verify the artifacts on the controller") < names.index(
         "Install the package"
@@ -295,10 +397,9 @@ def test_package_install_waits_for_the_verified_copy_and_is_check_mode_safe() ->
     block = task_named(main, "Install the package")["block"]
     for task, module in ((block[2], "ansible.builtin.apt"), (block[3], "ansible.builtin.dnf")):
         assert module in task
-        assert "__upstream_release_package_file.dest" in str(task[module])
+        assert "__common_release_package_file.dest" in str(task[module])
         assert (
-            "not (ansible_check_mode and __upstream_release_package_file is changed)"
-            in task["when"]
+            "not (ansible_check_mode and __common_release_package_file is changed)" in task["when"]
         )
     controller = task_named(main, "Download and verify the artifacts on the controller")
     assert (controller["run_once"], controller["delegate_to"], controller["check_mode"]) == (
@@ -308,6 +409,9 @@ def test_package_install_waits_for_the_verified_copy_and_is_check_mode_safe() ->
     )
     download = task_named(main, "Download the artifacts")["ansible.builtin.get_url"]
     assert download["checksum"] == "sha256:{{ item.sha256 }}"
+    # What the roles' later tasks read (loki's and alloy's configuration check).
+    report = task_named(main, "Report whether anything was installed")
+    assert "upstream_release_changed" in report["ansible.builtin.set_fact"]
 
 
 # --- run for real -------------------------------------------------------------------
@@ -317,19 +421,17 @@ PLAYBOOK = """
   hosts: all
   gather_facts: true
   gather_subset: [min]
-  tasks:
-    - name: Install
-      ansible.builtin.include_role:
-        name: upstream_release
-      vars:
-        upstream_release_name: "{{ release.name }}"
-        upstream_release_version: "{{ release.version }}"
-        upstream_release_kind: "{{ release.kind }}"
-        upstream_release_url: "{{ release.url }}"
-        upstream_release_sha256: "{{ release.sha256 }}"
-        upstream_release_binaries: "{{ release.binaries }}"
-        upstream_release_install_dir: "{{ release.install_dir }}"
-        upstream_release_download_dir: "{{ release.download_dir }}"
+  roles: [release_caller]
+"""
+# A stand-in for a role that installs a release: its _<role>_release is the test's.
+CALLER_TASKS = """
+- name: Install
+  ansible.builtin.include_role:
+    name: _common
+    tasks_from: upstream_release
+"""
+CALLER_VARS = """
+_release_caller_release: "{{ release }}"
 """
 
 ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, "")
@@ -338,8 +440,8 @@ ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, "")
 def served_release(
     tmp: Path, name: str, version: str, kind: str, file: str, pin: str, binaries: list
 ) -> dict:
-    """upstream_release's ``release`` for a file served as tmp/served/file, pinned to
-    ``pin`` for this machine, installed into tmp/bin and cached under tmp/cache."""
+    """_<role>_release for a file served as tmp/served/file, pinned to ``pin`` for this
+    machine, installed into tmp/bin and cached under tmp/cache."""
     return {
         "name": name,
         "version": version,
@@ -381,6 +483,12 @@ def recap(output: str) -> dict[str, int]:
 def play(tmp: Path, release: dict, *args: str) -> tuple[int, str]:
     playbook = tmp / "play.yml"
     playbook.write_text(PLAYBOOK)
+    # Next to the playbook, where Ansible looks for roles first; _common comes from
+    # ansible.cfg's roles_path.
+    caller = tmp / "roles" / "release_caller"
+    for part, text in (("tasks", CALLER_TASKS), ("vars", CALLER_VARS)):
+        (caller / part).mkdir(parents=True, exist_ok=True)
+        (caller / part / "main.yml").write_text(f"---{text}")
     extra = tmp / "release.yml"
     extra.write_text(yaml.safe_dump({"release": release}))
     env = {
