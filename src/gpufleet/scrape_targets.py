@@ -2,7 +2,7 @@
 
 Pure: no Ansible imports, no I/O. The prometheus role's vars (``_prometheus_jobs``,
 ``_prometheus_targets``) call these through the filters of
-plugins/filter/gpufleet_filters.py, with the exporter registry (roles/exporters), the
+plugins/filter/gpufleet_filters.py, with the exporter registry (roles/_exporters), the
 inventory's groups and its hostvars; every target group is
 ``{"targets": ["address:port"], "labels": {...}}``.
 """

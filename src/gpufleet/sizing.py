@@ -17,10 +17,10 @@ from typing import Any
 
 from gpufleet import strictyaml
 
-# The exporter registry (roles/exporters): which group runs each exporter and what one
+# The exporter registry (roles/_exporters): which group runs each exporter and what one
 # host running it sends (its `series`). The roles read the same file; gpufleet runs
 # from its checkout, as the inventory plugin and the roles do.
-EXPORTERS_FILE = Path(__file__).resolve().parents[2] / "roles/exporters/defaults/main.yml"
+EXPORTERS_FILE = Path(__file__).resolve().parents[2] / "roles/_exporters/defaults/main.yml"
 
 # gpufleet's GPU collector over nvidia-smi writes through node_exporter's textfile
 # collector, so it has no registry entry of its own: its series per GPU (health and XID

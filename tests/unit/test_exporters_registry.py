@@ -1,4 +1,4 @@
-"""The exporter registry (roles/exporters) is the one place that says which group runs an
+"""The exporter registry (roles/_exporters) is the one place that says which group runs an
 exporter, on which port: the prometheus role's jobs and targets, the exporter_firewall
 role's rules, the alertmanager role's inhibitions and the series estimate all follow it.
 
@@ -25,7 +25,7 @@ from gpufleet.sizing import HostShape
 
 filter_loader.add_directory(str(ROOT / "plugins" / "filter"))
 
-REGISTRY = yaml.safe_load((ROLES / "exporters" / "defaults" / "main.yml").read_text())[
+REGISTRY = yaml.safe_load((ROLES / "_exporters" / "defaults" / "main.yml").read_text())[
     "exporters_registry"
 ]
 STANDALONE = {"name": "standalone", "mode": "standalone", "shard": None, "replica": 0}

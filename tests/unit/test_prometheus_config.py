@@ -168,7 +168,7 @@ def test_the_site_overrides_a_registry_job_setting():
 
 
 def test_registry_job_settings_reach_any_job():
-    registry = yaml.safe_load((ROLES / "exporters" / "defaults" / "main.yml").read_text())
+    registry = yaml.safe_load((ROLES / "_exporters" / "defaults" / "main.yml").read_text())
     entries = registry["exporters_registry"]
     entries["node"] = {**entries["node"], "job_settings": {"scrape_timeout": "12s"}}
     node = job("shard", "node", {"exporters_registry": entries})

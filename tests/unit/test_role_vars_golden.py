@@ -32,7 +32,7 @@ filter_loader.add_directory(str(ROOT / "plugins" / "filter"))
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "role-vars.json"
 
-REGISTRY = yaml.safe_load((ROLES / "exporters" / "defaults" / "main.yml").read_text())[
+REGISTRY = yaml.safe_load((ROLES / "_exporters" / "defaults" / "main.yml").read_text())[
     "exporters_registry"
 ]
 # Entries only this test has: the extended registry.

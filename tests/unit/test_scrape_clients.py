@@ -21,7 +21,7 @@ from gpufleet.web import CLIENT_USER, scrape_cas, scrape_clients
 
 filter_loader.add_directory(str(ROOT / "plugins" / "filter"))
 
-REGISTRY = yaml.safe_load((ROLES / "exporters" / "defaults" / "main.yml").read_text())[
+REGISTRY = yaml.safe_load((ROLES / "_exporters" / "defaults" / "main.yml").read_text())[
     "exporters_registry"
 ]
 # Not a real PEM: the scrape side only copies it into the CA file.

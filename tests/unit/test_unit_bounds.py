@@ -121,7 +121,7 @@ def registry_scenarios() -> dict[str, Scenario]:
     """For every exporter of the registry without a scenario above, the first host of its
     group in the example inventory, with the role's defaults: a new exporter needs no
     edit here to be checked."""
-    registry = yaml.safe_load((ROLES / "exporters" / "defaults" / "main.yml").read_text())
+    registry = yaml.safe_load((ROLES / "_exporters" / "defaults" / "main.yml").read_text())
     groups, _ = example_inventory()
     listed = {scenario.role for scenario in SCENARIOS.values()}
     return {

@@ -16,7 +16,7 @@ import yaml
 from conftest import ROOT, exp, fixture_text, runner_for
 
 ENDPOINTS = ("jobs", "jobs-users-accts", "nodes", "partitions", "scheduler")
-REGISTRY = yaml.safe_load((ROOT / "roles" / "exporters" / "defaults" / "main.yml").read_text())[
+REGISTRY = yaml.safe_load((ROOT / "roles" / "_exporters" / "defaults" / "main.yml").read_text())[
     "exporters_registry"
 ]
 DUPLICATES: dict[str, str] = REGISTRY["slurmctld"]["exporter_duplicates"]
