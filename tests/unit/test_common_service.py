@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 from render_role import ROLES, evaluate, template_value
+from role_tasks import includes_common
+from role_tasks import tasks as walk
 from test_unit_bounds import SCENARIOS
 
 COMMON = ROLES / "_common" / "tasks"
@@ -147,20 +149,6 @@ def role_yaml(role: str, *parts: str) -> list[dict]:
     return yaml.safe_load(path.read_text()) if path.is_file() else []
 
 
-def all_tasks(items: list | None) -> list[dict]:
-    found = []
-    for item in items or []:
-        found.append(item)
-        for key in ("block", "rescue", "always"):
-            found.extend(all_tasks(item.get(key)))
-    return found
-
-
-def includes_common(task: dict, piece: str) -> bool:
-    role = task.get("ansible.builtin.include_role") or {}
-    return role.get("name") == "_common" and role.get("tasks_from") == piece
-
-
 def shared_handlers(role: str) -> dict[str, dict]:
     """verb -> the role's handler that includes the shared restart or reload file."""
     found = {}
@@ -184,7 +172,7 @@ RUNNING = sorted(
     role
     for role in PUBLIC
     for path in task_files(role)[:-1]
-    if any(includes_common(t, "service") for t in all_tasks(role_yaml(role, "tasks", path.name)))
+    if any(includes_common(t, "service") for t in walk(role_yaml(role, "tasks", path.name)))
 )
 
 
@@ -213,7 +201,7 @@ def started_by_hand(tasks: list[dict]) -> list[str]:
     states = {"started", "restarted", "reloaded"}
     return [
         t["name"]
-        for t in all_tasks(tasks)
+        for t in walk(tasks)
         if (t.get("ansible.builtin.systemd_service") or {}).get("state") in states
     ]
 

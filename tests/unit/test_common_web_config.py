@@ -11,8 +11,6 @@ piece does not know, only on a live run; this finds them for every role.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import yaml
@@ -28,6 +26,7 @@ from render_role import (
     template_value,
     web_config_values,
 )
+from role_tasks import common_includes, load
 
 filter_loader.add_directory(str(ROOT / "plugins" / "filter"))
 
@@ -38,27 +37,8 @@ KEY = "-----BEGIN EC PRIVATE KEY-----\nMHcC\n-----END EC PRIVATE KEY-----\n"
 SETTINGS = {"dir", "group", "format", "validate"}
 
 
-def load(path: Path) -> object:
-    return yaml.safe_load(path.read_text()) if path.is_file() else None
-
-
-def tasks(items: list | None) -> Iterator[dict]:
-    """Tasks, the ones in blocks included."""
-    for item in items or []:
-        yield item
-        for key in ("block", "rescue", "always"):
-            yield from tasks(item.get(key))
-
-
 def includes(role: str) -> list[tuple[str, dict]]:
-    """(task file, task) for every include of _common's web_config in the role's tasks."""
-    found = []
-    for path in sorted((ROLES / role / "tasks").glob("*.yml")):
-        for task in tasks(load(path)):
-            include = task.get("ansible.builtin.include_role") or {}
-            if include.get("name") == "_common" and include.get("tasks_from") == "web_config":
-                found.append((path.name, task))
-    return found
+    return common_includes(role, "web_config")
 
 
 def declared() -> dict[str, dict]:

@@ -8,12 +8,11 @@ live run; this finds them for every role that ships a zipapp.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from render_role import ROLES, template_value
+from role_tasks import common_includes, load, tasks
 
 from gpufleet_node import build
 
@@ -21,27 +20,8 @@ ZIPAPP = ROLES / "_common" / "tasks" / "zipapp.yml"
 KEYS = {"app", "dest", "restart", "wanted"}
 
 
-def load(path: Path) -> object:
-    return yaml.safe_load(path.read_text()) if path.is_file() else None
-
-
-def tasks(items: list | None) -> Iterator[dict]:
-    """Tasks, the ones in blocks included."""
-    for item in items or []:
-        yield item
-        for key in ("block", "rescue", "always"):
-            yield from tasks(item.get(key))
-
-
 def includes(role: str) -> list[tuple[str, dict]]:
-    """(task file, task) for every include of _common's zipapp in the role's tasks."""
-    found = []
-    for path in sorted((ROLES / role / "tasks").glob("*.yml")):
-        for task in tasks(load(path)):
-            include = task.get("ansible.builtin.include_role") or {}
-            if include.get("name") == "_common" and include.get("tasks_from") == "zipapp":
-                found.append((path.name, task))
-    return found
+    return common_includes(role, "zipapp")
 
 
 def declared() -> dict[str, list[dict]]:

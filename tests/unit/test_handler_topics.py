@@ -9,22 +9,15 @@ dashboards), so a reader knows from the notify whose handler runs.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from role_tasks import tasks
 
 ROLES = Path(__file__).resolve().parents[2] / "roles"
 HANDLED = sorted(p.name for p in ROLES.iterdir() if (p / "handlers" / "main.yml").exists())
 TOPIC = re.compile(r"(restart|reload|apply|forget) ({role})( [a-z]+)*")
-
-
-def tasks(items: list | None) -> Iterator[dict]:
-    for item in items or []:
-        yield item
-        for key in ("block", "rescue", "always"):
-            yield from tasks(item.get(key))
 
 
 def as_list(value: object) -> list[str]:

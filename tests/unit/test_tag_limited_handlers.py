@@ -15,6 +15,7 @@ import re
 import pytest
 import yaml
 from render_role import ROLES
+from role_tasks import tasks
 from test_unit_bounds import SCENARIOS, systemd_templates
 
 SYSTEMD_DIR = "/etc/systemd/system/"
@@ -38,7 +39,7 @@ def install_notifies(role: str) -> bool:
         )
         name = imported["file"] if isinstance(imported, dict) else str(imported)
         for path in (ROLES / role / "tasks").glob(re.sub(r"\{\{.*?\}\}", "*", name)):
-            for task in all_tasks(yaml.safe_load(path.read_text())):
+            for task in tasks(yaml.safe_load(path.read_text())):
                 if task.get("notify"):
                     return True
                 include = task.get("ansible.builtin.include_role") or {}
@@ -51,16 +52,6 @@ def install_notifies(role: str) -> bool:
                 if release and release_notifies:
                     return True
     return False
-
-
-def all_tasks(items: list | None) -> list[dict]:
-    """Tasks, the ones in blocks included."""
-    found = []
-    for item in items or []:
-        found.append(item)
-        for key in ("block", "rescue", "always"):
-            found.extend(all_tasks(item.get(key)))
-    return found
 
 
 def own_unit_roles() -> dict[str, str]:
