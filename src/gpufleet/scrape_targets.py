@@ -4,11 +4,14 @@ Pure: no Ansible imports, no I/O. The prometheus role's vars (``_prometheus_jobs
 ``_prometheus_targets``) call these through the filters of
 plugins/filter/gpufleet_filters.py, with the exporter registry (roles/_exporters), the
 inventory's groups and its hostvars; every target group is
-``{"targets": ["address:port"], "labels": {...}}``.
+``{"targets": ["address:port"], "labels": {...}}``. The same filters give each scrape
+job gpufleet's own settings (:func:`scrape_job_defaults`) and the Slurm exporter its
+per-shard scrapes (:func:`node_shards`, :func:`slurm_params`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any, TypedDict
 
@@ -154,3 +157,73 @@ def shard_targets(
                 }
             )
     return sorted(groups, key=lambda g: (int(g["labels"]["shard"]), g["labels"]["replica"]))
+
+
+_METRIC_NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+
+
+def scrape_job_defaults(registry: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """gpufleet's own settings of each scrape job, from the exporter registry: an entry's
+    job_settings, a drop of the families it lists as exporter_duplicates (served by
+    gpufleet's Slurm exporter already), and what the rules rely on for the slurm job
+    (its node and partition labels describe jobs, not the controller)."""
+    out: dict[str, dict[str, Any]] = {"slurm": {"honor_labels": True}}
+    for job, exporter in registry.items():
+        settings = {**dict(exporter.get("job_settings") or {}), **out.get(job, {})}
+        duplicates = sorted(exporter.get("exporter_duplicates") or {})
+        bad = [name for name in duplicates if not _METRIC_NAME_RE.match(str(name))]
+        if bad:
+            raise ValueError(
+                f"exporters_registry.{job}.exporter_duplicates: not a metric name: {bad[0]!r}"
+            )
+        if duplicates:
+            drop = {"source_labels": ["__name__"], "regex": "|".join(duplicates), "action": "drop"}
+            settings["metric_relabel_configs"] = [
+                *settings.get("metric_relabel_configs", []),
+                drop,
+            ]
+        if settings:
+            out[job] = settings
+    return out
+
+
+# --- the Slurm exporter's per-shard scrapes (roles/slurm_exporter, roles/prometheus) --------
+
+# The inventory plugin's shard plan: group prometheus_shard_K holds the hosts shard K scrapes.
+_SHARD_GROUP = re.compile(r"prometheus_shard_([0-9]{1,6})")
+
+
+def shard_groups(groups: Mapping[str, Any]) -> dict[int, list[str]]:
+    """{K: the hosts of group prometheus_shard_K, sorted} for every such group."""
+    out: dict[int, list[str]] = {}
+    for name, hosts in dict(groups).items():
+        match = _SHARD_GROUP.fullmatch(str(name))
+        if match:
+            out[int(match.group(1))] = sorted({str(h) for h in hosts or []})
+    return out
+
+
+def node_shards(groups: Mapping[str, Any]) -> dict[str, dict[str, list[str]]]:
+    """The Slurm exporter's node map: {"shards": {"K": [hosts shard K scrapes]}}.
+
+    From the same groups that give each shard its node targets (tasks/instance.yml of the
+    prometheus role), so the exporter never derives the sharding itself. Node names are
+    inventory names, the `node` label of every target and of the Slurm series.
+    """
+    return {"shards": {str(k): hosts for k, hosts in sorted(shard_groups(groups).items())}}
+
+
+def slurm_params(instance: Mapping[str, Any], groups: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Scrape params of the slurm job of one Prometheus instance.
+
+    A shard asks for its own nodes (shard=K); the lowest shard also for the cluster-level
+    series (cluster=1): the queue, partitions, users, accounts, scheduler, exporter health
+    and nodes no shard owns. Standalone (and anything else) asks for everything: {}.
+    """
+    if instance.get("mode") != "shard":
+        return {}
+    shard = int(instance["shard"])
+    params = {"shard": [str(shard)]}
+    if shard <= min(shard_groups(groups), default=shard):
+        params["cluster"] = ["1"]
+    return params

@@ -6,17 +6,46 @@ configuration that roles/_common's web_config piece renders from `<service>_tls_
 global tier's federation, Prometheus sending alerts, Grafana's datasources, through the
 filter gpufleet_web_client) and ``gpufleet jobstats`` take their scheme, CA and login from
 the same variables of the servers' hosts, so they can never disagree with what the servers
-serve.
+serve. The web configuration itself holds the users' passwords as :func:`bcrypt_hash`
+makes them (filter gpufleet_bcrypt), with a salt derived per host and user so a rerun
+renders the same file.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+import bcrypt
 
 # The basic auth user gpufleet's own clients log in as (the users a site adds for its
 # people stay theirs).
 CLIENT_USER = "gpufleet"
+
+# bcrypt's own base64 alphabet (not the standard one).
+_BCRYPT_ALPHABET = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+_STD_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+
+def bcrypt_salt(seed: str, rounds: int = 10) -> bytes:
+    """A bcrypt salt derived from seed, so a rerun renders the same hash (idempotence).
+
+    The seed is host and user specific; the salt still differs between hosts and users.
+    """
+    digest = hashlib.sha256(seed.encode()).digest()[:16]
+    encoded = base64.b64encode(digest).decode().rstrip("=")
+    translated = encoded.translate(str.maketrans(_STD_ALPHABET, _BCRYPT_ALPHABET))
+    # 16 bytes make 22 characters; bcrypt ignores the low bits of the last one.
+    return f"$2b${rounds:02d}${translated[:22]}".encode()
+
+
+def bcrypt_hash(password: str, seed: str, rounds: int = 10) -> str:
+    """Hash password with bcrypt, as the Prometheus exporter-toolkit web config expects."""
+    if not password:
+        raise ValueError("gpufleet_bcrypt: refusing to hash an empty password")
+    return bcrypt.hashpw(str(password).encode(), bcrypt_salt(seed, rounds)).decode()
 
 
 def _settings(host: Mapping[str, Any], service: str) -> tuple[str, str, str]:

@@ -1,12 +1,13 @@
 """prometheus_alert_for: a site's `for:` duration per shipped alert, the rule files static.
 
-plugins/filter/gpufleet_alert_for.py rewrites the named alerts' `for:` (or inserts one after
-the rule's `expr`) and nothing else: these tests diff the texts, check that every shipped
-file deploys as shipped with no setting, that a setting of every alert at once passes both
-promtool majors and changes when an alert fires, and that a name matching no alert, a bad
-duration or SlurmJobGpuIdle (prometheus_slurm_idle_gpu_duration) fail with one line naming
-the variable. The role's own tasks run once under ansible-playbook (the preflight check
-with its lookups, the install task's expression, the capacity template).
+gpufleet.alert_for (filters gpufleet_alert_for and gpufleet_alert_for_problems) rewrites
+the named alerts' `for:` (or inserts one after the rule's `expr`) and nothing else: these
+tests diff the texts, check that every shipped file deploys as shipped with no setting,
+that a setting of every alert at once passes both promtool majors and changes when an
+alert fires, and that a name matching no alert, a bad duration or SlurmJobGpuIdle
+(prometheus_slurm_idle_gpu_duration) fail with one line naming the variable. The role's
+own tasks run once under ansible-playbook (the preflight check with its lookups, the
+install task's expression, the capacity template).
 """
 
 from __future__ import annotations
@@ -17,34 +18,29 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
 from ansible.utils.unsafe_proxy import wrap_var
 from render_role import ROLES, evaluate, render, template_value, trust_as_template
-from sid_deb import load_module
 from test_rules import promtool  # noqa: F401  (the two-major promtool fixture)
+
+from gpufleet import alert_for
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES_DIR = ROLES / "prometheus" / "files" / "rules"
 RULE_FILES = sorted(RULES_DIR.glob("*.rules.yml"))
-FILTER = ROOT / "plugins" / "filter" / "gpufleet_alert_for.py"
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 
 
-def _filter() -> ModuleType:
-    return load_module("gpufleet_alert_for", FILTER)
-
-
 def _alert_for(text: str, overrides: object, filename: str = "test.rules.yml") -> str:
-    return _filter().gpufleet_alert_for(text, overrides, filename)
+    return alert_for.set_durations(text, overrides, filename)
 
 
 def _problems(overrides: object, texts: dict[str, str] | None = None) -> list[str]:
     if texts is None:
         texts = {path.name: path.read_text() for path in RULE_FILES}
-    return _filter().gpufleet_alert_for_problems(overrides, texts)
+    return alert_for.setting_problems(overrides, texts)
 
 
 def _alerts(path: Path) -> list[dict]:

@@ -30,13 +30,11 @@ import bcrypt
 import pytest
 import yaml
 from ansible.parsing.dataloader import DataLoader
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "filter"))
-
-from gpufleet_openpgp import OpenPGPError, normalize_fingerprint
 from once_per_run import once_per_run, start_early
 from render_role import TRUSTED_FILES, evaluate, systemd_verify_problems, template_value
 from test_openpgp import gpg, gpg_fingerprints
+
+from gpufleet.openpgp import OpenPGPError, normalize_fingerprint
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "dcgm_exporter"

@@ -1,11 +1,12 @@
 """The exporter_firewall role: which ports it protects, whom it lets in, what it loads.
 
-What runs for real: gpufleet's filters on hand-made and example-inventory host
-variables; the role's service table and rules template rendered by Ansible's own
-Templar for hosts of the example inventory (tests/golden/example-inventory.json) and of
-a hand-made one with every gpufleet server; the rendered rules checked by nft itself (a
-kernel transaction that is never committed) and loaded into a private network
-namespace, where that is allowed; the unit checked by systemd-analyze.
+What runs for real: gpufleet.firewall (the filters gpufleet_firewall_sources and
+gpufleet_firewall_rules) on hand-made and example-inventory host variables; the role's
+service table and rules template rendered by Ansible's own Templar for hosts of the
+example inventory (tests/golden/example-inventory.json) and of a hand-made one with every
+gpufleet server; the rendered rules checked by nft itself (a kernel transaction that is
+never committed) and loaded into a private network namespace, where that is allowed; the
+unit checked by systemd-analyze.
 """
 
 from __future__ import annotations
@@ -15,16 +16,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from ansible.plugins.loader import filter_loader
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "filter"))
-
-from gpufleet_filters import gpufleet_firewall_rules, gpufleet_firewall_sources
 from render_role import (
     ROLES,
     ROOT,
@@ -34,6 +30,9 @@ from render_role import (
     systemd_verify_problems,
     template_value,
 )
+
+from gpufleet.firewall import rules as firewall_rules
+from gpufleet.firewall import sources as firewall_sources
 
 filter_loader.add_directory(str(ROOT / "plugins" / "filter"))
 
@@ -50,13 +49,13 @@ def test_sources_are_the_hosts_addresses_split_by_family() -> None:
         "mon02": {"ansible_host": "fd00::9:2"},
         "gpu001": {"ansible_host": "10.1.1.1"},
     }
-    sources = gpufleet_firewall_sources(["mon02", "mon01"], hostvars)
+    sources = firewall_sources(["mon02", "mon01"], hostvars)
     assert sources == {"ipv4": ["10.1.9.1"], "ipv6": ["fd00::9:2"]}
 
 
 def test_extra_sources_are_collapsed_with_the_hosts() -> None:
     hostvars = {"mon01": {"ansible_host": "10.1.9.1"}, "mon02": {"ansible_host": "10.1.9.2"}}
-    sources = gpufleet_firewall_sources(
+    sources = firewall_sources(
         ["mon01", "mon02", "mon01"], hostvars, ["10.1.9.0/30", "10.2.0.7", "2001:db8::/64"]
     )
     # nftables refuses overlapping intervals: 10.1.9.1 and .2 lie inside 10.1.9.0/30.
@@ -70,27 +69,27 @@ def test_source_addresses_of_a_prometheus_host_replace_its_ansible_host() -> Non
             "exporter_firewall_source_addresses": ["10.7.0.1", "fd00:7::1"],
         }
     }
-    sources = gpufleet_firewall_sources(["mon01"], hostvars)
+    sources = firewall_sources(["mon01"], hostvars)
     assert sources == {"ipv4": ["10.7.0.1"], "ipv6": ["fd00:7::1"]}
 
 
 def test_a_prometheus_host_known_only_by_name_is_refused_with_the_fix() -> None:
     hostvars = {"mon01": {"ansible_host": "mon01.example"}}
     with pytest.raises(ValueError, match=r"mon01: ansible_host 'mon01.example' is not an IP"):
-        gpufleet_firewall_sources(["mon01"], hostvars)
+        firewall_sources(["mon01"], hostvars)
     with pytest.raises(ValueError, match="exporter_firewall_source_addresses"):
-        gpufleet_firewall_sources(["mon01"], {"mon01": {}})
+        firewall_sources(["mon01"], {"mon01": {}})
 
 
 @pytest.mark.parametrize("bad", ["10.0.0.5/24", "10.0.0.300", "vmagent.example", ""])
 def test_bad_extra_sources_are_refused(bad: str) -> None:
     with pytest.raises(ValueError, match="exporter_firewall_extra_sources"):
-        gpufleet_firewall_sources([], {}, [bad])
+        firewall_sources([], {}, [bad])
 
 
 def test_an_address_list_is_named_in_its_error() -> None:
     with pytest.raises(ValueError, match=r"exporter_firewall_admin_sources: 'admin.example'"):
-        gpufleet_firewall_sources([], {}, ["admin.example"], "exporter_firewall_admin_sources")
+        firewall_sources([], {}, ["admin.example"], "exporter_firewall_admin_sources")
 
 
 # --- protected ports ---------------------------------------------------------------------
@@ -116,9 +115,7 @@ def exporter_ports(group_names: list[str], extra_ports) -> list[int]:
     services = {name: {**spec, **EXPORTER_SOURCES} for name, spec in exporters(extra_ports).items()}
     hostvars = {"mon01": {"ansible_host": "10.1.9.1"}}
     lists = {"exporter_firewall_extra_sources": []}
-    (rule,) = gpufleet_firewall_rules(
-        services, group_names, {"prometheus": ["mon01"]}, hostvars, lists
-    )
+    (rule,) = firewall_rules(services, group_names, {"prometheus": ["mon01"]}, hostvars, lists)
     assert rule["name"] == "exporter" and rule["udp"] == []
     return rule["tcp"]
 
@@ -150,10 +147,10 @@ def test_a_port_two_rules_claim_is_refused_naming_both_variables() -> None:
     with pytest.raises(
         ValueError, match=r"TCP port 9100 is both loki_http_port .* node_exporter_port"
     ):
-        gpufleet_firewall_rules(services, ["loki"], {}, {})
+        firewall_rules(services, ["loki"], {}, {})
     # The same port over UDP is another port.
     services["loki"] = {"group": "loki", "udp": {"loki_http_port": 9100}}
-    assert [r["name"] for r in gpufleet_firewall_rules(services, ["loki"], {}, {})] == [
+    assert [r["name"] for r in firewall_rules(services, ["loki"], {}, {})] == [
         "exporter",
         "loki",
     ]

@@ -1,27 +1,19 @@
-"""The bcrypt filter used for exporter basic auth; the Slurm exporter's shard filters."""
+"""The bcrypt hash used for exporter basic auth (filter gpufleet_bcrypt); the Slurm
+exporter's shard filters (gpufleet_node_shards, gpufleet_slurm_params)."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import bcrypt
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "filter"))
-
-from gpufleet_filters import (
-    bcrypt_salt,
-    gpufleet_bcrypt,
-    gpufleet_node_shards,
-    gpufleet_slurm_params,
-)
+from gpufleet.scrape_targets import node_shards, slurm_params
+from gpufleet.web import bcrypt_hash, bcrypt_salt
 
 
 def test_hash_verifies_and_is_stable_per_seed() -> None:
-    first = gpufleet_bcrypt("correct horse", "node1/prometheus")
+    first = bcrypt_hash("correct horse", "node1/prometheus")
     assert bcrypt.checkpw(b"correct horse", first.encode())
-    assert first == gpufleet_bcrypt("correct horse", "node1/prometheus")
+    assert first == bcrypt_hash("correct horse", "node1/prometheus")
 
 
 def test_salt_differs_between_hosts_and_users() -> None:
@@ -31,7 +23,7 @@ def test_salt_differs_between_hosts_and_users() -> None:
 
 def test_empty_password_is_refused() -> None:
     with pytest.raises(ValueError, match="empty password"):
-        gpufleet_bcrypt("", "seed")
+        bcrypt_hash("", "seed")
 
 
 GROUPS = {
@@ -46,8 +38,8 @@ GROUPS = {
 
 
 def test_the_node_map_is_the_shard_groups() -> None:
-    assert gpufleet_node_shards(GROUPS) == {"shards": {"0": ["a", "b"], "1": ["c"], "10": []}}
-    assert gpufleet_node_shards({"all": ["a"]}) == {"shards": {}}
+    assert node_shards(GROUPS) == {"shards": {"0": ["a", "b"], "1": ["c"], "10": []}}
+    assert node_shards({"all": ["a"]}) == {"shards": {}}
 
 
 @pytest.mark.parametrize(
@@ -61,11 +53,11 @@ def test_the_node_map_is_the_shard_groups() -> None:
     ],
 )
 def test_exactly_the_lowest_shard_asks_for_the_cluster_part(instance, params) -> None:
-    assert gpufleet_slurm_params(instance, GROUPS) == params
+    assert slurm_params(instance, GROUPS) == params
 
 
 def test_a_shard_without_shard_groups_still_gets_the_cluster_part() -> None:
-    assert gpufleet_slurm_params({"mode": "shard", "shard": 3}, {"all": []}) == {
+    assert slurm_params({"mode": "shard", "shard": 3}, {"all": []}) == {
         "shard": ["3"],
         "cluster": ["1"],
     }

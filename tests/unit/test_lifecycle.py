@@ -16,12 +16,11 @@ import yaml
 from gpufleet import firewall, lifecycle
 from gpufleet.inventory import build_inventory
 from gpufleet.nodelist import parse_node_list
-from gpufleet.scrape_targets import registry_targets
+from gpufleet.scrape_targets import node_shards, registry_targets
 from gpufleet.shardlock import LockError, format_lock, parse_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "plugins" / "filter"))
-import gpufleet_filters  # noqa: E402
 import gpufleet_lifecycle  # noqa: E402
 
 GROUPS: dict[str, list[str]] = {
@@ -174,9 +173,7 @@ def test_firewall_sources_of_a_marked_host_are_those_after_its_removal() -> None
 def test_the_slurm_node_map_of_a_marked_host_is_that_after_its_removal() -> None:
     staying = gpufleet_lifecycle.gpufleet_groups_staying(GROUPS, marked("gpu002"))
     groups, _ = without("gpu002")
-    assert gpufleet_filters.gpufleet_node_shards(staying) == gpufleet_filters.gpufleet_node_shards(
-        groups
-    )
+    assert node_shards(staying) == node_shards(groups)
 
 
 def test_the_lock_loses_the_leaving_hosts_and_keeps_the_rest() -> None:

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "filter"))
-
-from gpufleet_openpgp import OpenPGPError, gpufleet_openpgp_fingerprints, gpufleet_openpgp_select
+from gpufleet.openpgp import OpenPGPError, primary_fingerprints, select_key
 
 
 def gpg(home: str, *args: str, stdin: str | None = None) -> str:
@@ -57,29 +53,29 @@ def two_keys() -> Iterator[tuple[str, str, str, str]]:
 
 def test_fingerprints_agree_with_gpg(two_keys) -> None:
     fpr_one, key_one, fpr_two, key_two = two_keys
-    assert gpufleet_openpgp_fingerprints(key_one) == [fpr_one]
-    assert gpufleet_openpgp_fingerprints(key_one + key_two) == [fpr_one, fpr_two]
+    assert primary_fingerprints(key_one) == [fpr_one]
+    assert primary_fingerprints(key_one + key_two) == [fpr_one, fpr_two]
 
 
 def test_select_keeps_only_the_pinned_key_and_gpg_reads_it(two_keys) -> None:
     _fpr_one, key_one, fpr_two, key_two = two_keys
-    selected = gpufleet_openpgp_select(key_one + key_two, fpr_two)
+    selected = select_key(key_one + key_two, fpr_two)
     assert gpg_fingerprints(selected) == [fpr_two]
     # The key keeps its subkey and signatures: byte for byte what gpg exported.
-    assert gpufleet_openpgp_select(key_two, fpr_two) == selected
+    assert select_key(key_two, fpr_two) == selected
     assert len(selected) > 0.9 * len(key_two)
 
 
 def test_pin_may_be_lower_case_or_spaced(two_keys) -> None:
     fpr_one, key_one, *_ = two_keys
     spaced = " ".join(fpr_one[i : i + 4] for i in range(0, 40, 4)).lower()
-    assert gpg_fingerprints(gpufleet_openpgp_select(key_one, spaced)) == [fpr_one]
+    assert gpg_fingerprints(select_key(key_one, spaced)) == [fpr_one]
 
 
 def test_a_file_without_the_pinned_key_is_refused_with_what_it_holds(two_keys) -> None:
     fpr_one, key_one, fpr_two, _ = two_keys
     with pytest.raises(OpenPGPError, match=f"no key with fingerprint {fpr_two}.*{fpr_one}"):
-        gpufleet_openpgp_select(key_one, fpr_two)
+        select_key(key_one, fpr_two)
 
 
 def test_a_damaged_key_file_is_refused(two_keys) -> None:
@@ -89,16 +85,16 @@ def test_a_damaged_key_file_is_refused(two_keys) -> None:
     middle = len(lines) // 2
     lines[middle] = ("B" if lines[middle][0] != "B" else "C") + lines[middle][1:]
     with pytest.raises(OpenPGPError):
-        gpufleet_openpgp_select("\n".join(lines), gpufleet_openpgp_fingerprints(key_one)[0])
+        select_key("\n".join(lines), primary_fingerprints(key_one)[0])
 
 
 @pytest.mark.parametrize("text", ["", "not a key", "<html>404 Not Found</html>"])
 def test_something_that_is_not_a_key_is_refused(text) -> None:
     with pytest.raises(OpenPGPError, match="no 'BEGIN PGP PUBLIC KEY BLOCK'"):
-        gpufleet_openpgp_select(text, "B53AE77BADB630A683046005963FA27710458545")
+        select_key(text, "B53AE77BADB630A683046005963FA27710458545")
 
 
 @pytest.mark.parametrize("pin", ["", "B53AE77B", "Z53AE77BADB630A683046005963FA27710458545"])
 def test_a_malformed_pin_is_refused(two_keys, pin) -> None:
     with pytest.raises(OpenPGPError, match="not a 40 or 64 hex digit"):
-        gpufleet_openpgp_select(two_keys[1], pin)
+        select_key(two_keys[1], pin)

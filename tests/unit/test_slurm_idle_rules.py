@@ -1,7 +1,7 @@
 """SlurmJobGpuIdle's threshold and duration are site settings (prometheus role).
 
-The static gpufleet-slurm.rules.yml ships the defaults (5 %, 30m); the filter
-plugins/filter/gpufleet_slurm_idle.py substitutes the site's values. A non-default setting must
+The static gpufleet-slurm.rules.yml ships the defaults (5 %, 30m); gpufleet.slurm_idle
+(filter gpufleet_slurm_idle_rules) substitutes the site's values. A non-default setting must
 change when the alert fires (checked by both promtool majors), the defaults must leave
 the file byte for byte as shipped (so tests/rules/ test what is deployed), and the alert
 keeps job_id, user, account and partition through every instance's alert relabeling.
@@ -12,27 +12,22 @@ from __future__ import annotations
 import re
 import subprocess
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
-from sid_deb import load_module
 from test_prometheus_config import config
 from test_rules import promtool  # noqa: F401  (the two-major promtool fixture)
 
+from gpufleet import slurm_idle
+
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "roles" / "prometheus" / "files" / "rules" / "gpufleet-slurm.rules.yml"
-FILTER = ROOT / "plugins" / "filter" / "gpufleet_slurm_idle.py"
 DEFAULTS = ROOT / "roles" / "prometheus" / "defaults" / "main.yml"
 OWNER_LABELS = {"job_id", "user", "account", "partition"}
 
 
-def _filter() -> ModuleType:
-    return load_module("gpufleet_slurm_idle", FILTER)
-
-
 def _rendered(threshold: object, duration: str) -> str:
-    return _filter().gpufleet_slurm_idle_rules(RULES.read_text(), threshold, duration)
+    return slurm_idle.idle_rules(RULES.read_text(), threshold, duration)
 
 
 LABELS = 'cluster="c1", node="gpu001"'

@@ -9,11 +9,12 @@ endpoints and the exporter's answer, both from the same cluster's captures
 
 from __future__ import annotations
 
-import importlib.util
 import re
 
 import yaml
 from conftest import ROOT, exp, fixture_text, runner_for
+
+from gpufleet.scrape_targets import scrape_job_defaults
 
 ENDPOINTS = ("jobs", "jobs-users-accts", "nodes", "partitions", "scheduler")
 REGISTRY = yaml.safe_load((ROOT / "roles" / "_exporters" / "defaults" / "main.yml").read_text())[
@@ -34,15 +35,6 @@ EXPORTER = set().union(
 )
 
 
-def scrape_job_defaults() -> dict:
-    path = ROOT / "plugins" / "filter" / "gpufleet_filters.py"
-    spec = importlib.util.spec_from_file_location("gpufleet_filters_under_test", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.gpufleet_scrape_job_defaults(REGISTRY)
-
-
 def test_each_listed_duplicate_is_a_family_of_both() -> None:
     assert len(NATIVE) > 200 and len(EXPORTER) > 50
     assert sorted(set(DUPLICATES) - NATIVE) == []
@@ -56,7 +48,7 @@ def test_after_the_drop_no_family_is_served_by_both() -> None:
 
 
 def test_the_scrape_job_drops_exactly_the_duplicates() -> None:
-    (drop,) = scrape_job_defaults()["slurmctld"]["metric_relabel_configs"]
+    (drop,) = scrape_job_defaults(REGISTRY)["slurmctld"]["metric_relabel_configs"]
     assert (drop["source_labels"], drop["action"]) == (["__name__"], "drop")
     # Prometheus anchors a relabel regex at both ends: fullmatch.
     dropped = {name for name in NATIVE if re.fullmatch(drop["regex"], name)}
