@@ -28,6 +28,7 @@ gpufleet_shard_targets = scrape_targets.shard_targets
 gpufleet_scrape_job_defaults = scrape_targets.scrape_job_defaults
 gpufleet_node_shards = scrape_targets.node_shards
 gpufleet_slurm_params = scrape_targets.slurm_params
+gpufleet_prometheus_urls = scrape_targets.prometheus_urls
 gpufleet_prometheus_port = prometheus_port
 gpufleet_prometheus_ports = prometheus_ports
 gpufleet_firewall_exporters = firewall.exporter_services
@@ -67,6 +68,7 @@ class FilterModule:
             "gpufleet_slurmctld_metrics_problem": gpufleet_slurmctld_metrics_problem,
             "gpufleet_scrape_job_defaults": gpufleet_scrape_job_defaults,
             "gpufleet_node_shards": gpufleet_node_shards,
+            "gpufleet_prometheus_urls": gpufleet_prometheus_urls,
             "gpufleet_valid_cgroup_root": gpufleet_valid_cgroup_root,
             "gpufleet_slurm_params": gpufleet_slurm_params,
             "gpufleet_firewall_exporters": gpufleet_firewall_exporters,

@@ -18,6 +18,7 @@ from typing import Any, TypedDict
 from gpufleet.inventory import prometheus_port
 from gpufleet.lifecycle import is_leaving
 from gpufleet.sizing import registry_field
+from gpufleet.web import web_ca
 
 # The kinds of Prometheus instance (gpufleet.inventory.prometheus_instances): an
 # exporter's `modes` names those that scrape it.
@@ -227,3 +228,28 @@ def slurm_params(instance: Mapping[str, Any], groups: Mapping[str, Any]) -> dict
     if shard <= min(shard_groups(groups), default=shard):
         params["cluster"] = ["1"]
     return params
+
+
+def prometheus_urls(hosts: Iterable[str], hostvars: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """[{name, urls}] of the shard and standalone instances on hosts (the global tier
+    holds no per-job series): each instance's replicas' base URLs, in replica order, by
+    instance name. The scheme follows the hosts' own TLS settings (gpufleet.web.web_ca);
+    the port is the instance's (gpufleet.inventory.prometheus_port)."""
+    names = sorted(set(hosts))
+    scheme = "https" if web_ca(names, hostvars, "prometheus") else "http"
+    replicas: dict[str, list[tuple[int, str]]] = {}
+    for host in names:
+        settings = hostvars[host]
+        address = str(settings.get("ansible_host", host))
+        base = int(settings.get("prometheus_port_base", 9090))
+        for instance in settings.get("gpufleet_prometheus_instances") or []:
+            if instance.get("mode") == "global":
+                continue
+            url = f"{scheme}://{host_port(address, prometheus_port(instance, base))}"
+            replicas.setdefault(str(instance["name"]), []).append(
+                (int(instance.get("replica") or 0), url)
+            )
+    return [
+        {"name": name, "urls": [url for _, url in sorted(rows)]}
+        for name, rows in sorted(replicas.items())
+    ]

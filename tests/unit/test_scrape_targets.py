@@ -13,6 +13,7 @@ from gpufleet.scrape_targets import (
     host_port,
     metrics_paths,
     mode_jobs,
+    prometheus_urls,
     registry_targets,
     targets,
 )
@@ -161,3 +162,29 @@ def test_metrics_paths_without_paths_are_the_groups_themselves() -> None:
     groups = targets(["a"], HOSTVARS, 9100)
     assert metrics_paths(groups, None) is groups
     assert metrics_paths(groups, []) is groups
+
+
+def test_prometheus_urls_list_each_instances_replicas_in_order():
+    shard = {"mode": "shard", "shard": 0, "name": "shard-0"}
+    hostvars = {
+        "mon02": {
+            "ansible_host": "fd00::2",
+            "gpufleet_prometheus_instances": [{**shard, "replica": 1}],
+        },
+        "mon01": {
+            "ansible_host": "10.0.0.1",
+            "prometheus_port_base": 9200,
+            "gpufleet_prometheus_instances": [
+                {**shard, "replica": 0},
+                {"mode": "global", "name": "global", "replica": 0},
+            ],
+        },
+    }
+    assert prometheus_urls(["mon02", "mon01"], hostvars) == [
+        {"name": "shard-0", "urls": ["http://10.0.0.1:9201", "http://[fd00::2]:9091"]}
+    ]
+    # The hosts' TLS settings give the scheme; the global tier holds no per-job series.
+    for host in hostvars.values():
+        host["prometheus_tls_cert"] = "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n"
+    assert prometheus_urls(["mon01", "mon02"], hostvars)[0]["urls"][0] == "https://10.0.0.1:9201"
+    assert prometheus_urls([], {}) == []
