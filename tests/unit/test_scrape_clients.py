@@ -120,3 +120,16 @@ def test_a_login_without_gpufleets_user_is_refused_with_the_fix():
         pytest.skip("the example inventory has no IPMI hosts")
     with pytest.raises(ValueError, match="ipmi_exporter_basic_auth_users has no user 'gpufleet'"):
         scrape_clients(REGISTRY, groups, hostvars)
+
+
+def test_a_refused_configuration_masks_the_derived_logins():
+    inventory = secured_inventory("node_exporter", "all")
+    groups, _ = inventory
+    host = groups["prometheus"][0]
+    logins = template_value(
+        "prometheus", "{{ _prometheus_logins }}", host, {"_instance": SHARD}, inventory
+    )
+    assert "s3cret" in logins
+    tasks = yaml.safe_load((ROLES / "prometheus" / "tasks" / "instance.yml").read_text())
+    (explain,) = [t for t in tasks if t["name"].startswith("Explain a refused configuration")]
+    assert "_prometheus_logins" in explain["ansible.builtin.fail"]["msg"]
