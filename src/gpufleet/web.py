@@ -20,6 +20,8 @@ from typing import Any
 
 import bcrypt
 
+from gpufleet.lifecycle import staying
+
 # The basic auth user gpufleet's own clients log in as (the users a site adds for its
 # people stay theirs).
 CLIENT_USER = "gpufleet"
@@ -117,13 +119,17 @@ def web_ca(hostnames: Iterable[str], hostvars: Mapping[str, Any], service: str) 
 
 
 def _scraped(
-    registry: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Iterable[str]]
+    registry: Mapping[str, Mapping[str, Any]],
+    groups: Mapping[str, Iterable[str]],
+    hostvars: Mapping[str, Any],
 ) -> dict[str, tuple[list[str], str]]:
     """job -> (its hosts, the role whose <role>_tls_* and _basic_auth_users they serve
     with), for the registry's jobs that a gpufleet role runs (a served_by endpoint is a
-    site's own daemon: prometheus_job_settings says how to reach it)."""
+    site's own daemon: prometheus_job_settings says how to reach it). A leaving host
+    (remove_node.yml) counts no more, as its targets: the job is what it will be once the
+    host is gone from the inventory."""
     return {
-        job: (sorted(groups.get(str(entry["group"]), [])), str(entry["role"]))
+        job: (sorted(staying(groups.get(str(entry["group"]), []), hostvars)), str(entry["role"]))
         for job, entry in registry.items()
         if entry.get("role")
     }
@@ -138,7 +144,7 @@ def scrape_clients(
     from the exporter's own settings, with no prometheus_job_settings to write."""
     return {
         job: web_client(hosts, hostvars, role)
-        for job, (hosts, role) in _scraped(registry, groups).items()
+        for job, (hosts, role) in _scraped(registry, groups, hostvars).items()
     }
 
 
@@ -150,5 +156,5 @@ def scrape_cas(
     """job -> the PEM that verifies its hosts ("" for plain HTTP): scrape_clients' CAs."""
     return {
         job: web_ca(hosts, hostvars, role)
-        for job, (hosts, role) in _scraped(registry, groups).items()
+        for job, (hosts, role) in _scraped(registry, groups, hostvars).items()
     }

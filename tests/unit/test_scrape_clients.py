@@ -133,3 +133,16 @@ def test_a_refused_configuration_masks_the_derived_logins():
     tasks = yaml.safe_load((ROLES / "prometheus" / "tasks" / "instance.yml").read_text())
     (explain,) = [t for t in tasks if t["name"].startswith("Explain a refused configuration")]
     assert "_prometheus_logins" in explain["ansible.builtin.fail"]["msg"]
+
+
+def test_a_leaving_exporter_counts_no_more():
+    # remove_node.yml marks a node gpufleet_leaving and runs the prometheus role: the job
+    # is then already what it will be once the node is gone from the inventory, so the
+    # converge after that changes nothing.
+    groups, hostvars = secured_inventory("ipmi_exporter", "ipmi_exporter")
+    if not groups["ipmi_exporter"]:
+        pytest.skip("the example inventory has no IPMI hosts")
+    for host in groups["ipmi_exporter"]:
+        hostvars[host]["gpufleet_leaving"] = True
+    assert scrape_clients(REGISTRY, groups, hostvars)["ipmi"]["scheme"] == "http"
+    assert scrape_cas(REGISTRY, groups, hostvars)["ipmi"] == ""
