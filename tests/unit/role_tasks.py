@@ -36,3 +36,13 @@ def common_includes(role: str, piece: str) -> list[tuple[str, dict]]:
         for task in tasks(load(path))  # type: ignore[arg-type]
         if includes_common(task, piece)
     ]
+
+
+def declared(setting: str) -> dict[str, object]:
+    """role -> its _<role>_<setting> (vars/main.yml), for every public role that has one."""
+    out: dict[str, object] = {}
+    for role in sorted(p.name for p in ROLES.iterdir() if not p.name.startswith("_")):
+        internal = load(ROLES / role / "vars" / "main.yml") or {}
+        if isinstance(internal, dict) and f"_{role}_{setting}" in internal:
+            out[role] = internal[f"_{role}_{setting}"]
+    return out

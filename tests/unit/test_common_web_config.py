@@ -27,6 +27,7 @@ from render_role import (
     web_config_values,
 )
 from role_tasks import common_includes, load
+from role_tasks import declared as declared_settings
 
 filter_loader.add_directory(str(ROOT / "plugins" / "filter"))
 
@@ -42,13 +43,7 @@ def includes(role: str) -> list[tuple[str, dict]]:
 
 
 def declared() -> dict[str, dict]:
-    """role -> its _<role>_web, for every role that declares one."""
-    out = {}
-    for role in sorted(p.name for p in ROLES.iterdir() if not p.name.startswith("_")):
-        internal = load(ROLES / role / "vars" / "main.yml") or {}
-        if f"_{role}_web" in internal:
-            out[role] = internal[f"_{role}_web"]
-    return out
+    return declared_settings("web")
 
 
 DECLARED = declared()

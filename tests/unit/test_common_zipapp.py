@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from render_role import ROLES, template_value
 from role_tasks import common_includes, load, tasks
+from role_tasks import declared as declared_settings
 
 from gpufleet_node import build
 
@@ -25,13 +26,7 @@ def includes(role: str) -> list[tuple[str, dict]]:
 
 
 def declared() -> dict[str, list[dict]]:
-    """role -> its _<role>_zipapps, for every role that declares them."""
-    out = {}
-    for role in sorted(p.name for p in ROLES.iterdir() if not p.name.startswith("_")):
-        internal = load(ROLES / role / "vars" / "main.yml") or {}
-        if f"_{role}_zipapps" in internal:
-            out[role] = internal[f"_{role}_zipapps"]
-    return out
+    return declared_settings("zipapps")
 
 
 DECLARED = declared()

@@ -59,6 +59,12 @@ def scrape_job(name: str, inventory, overrides: dict | None = None) -> dict:
     return job
 
 
+def prometheus_var(name: str, inventory) -> object:
+    """A variable of the prometheus role on the first Prometheus host of inventory."""
+    host = inventory[0]["prometheus"][0]
+    return template_value("prometheus", "{{ " + name + " }}", host, {"_instance": SHARD}, inventory)
+
+
 def test_plain_exporters_are_scraped_over_http_without_login():
     groups, hostvars = example_inventory()
     clients = scrape_clients(REGISTRY, groups, hostvars)
@@ -86,12 +92,7 @@ def test_a_secured_exporter_is_scraped_with_its_ca_and_gpufleets_login(job, role
 
 
 def test_the_ca_file_the_job_names_is_the_one_the_role_writes():
-    inventory = secured_inventory("node_exporter", "all")
-    groups, _ = inventory
-    host = groups["prometheus"][0]
-    cas = template_value(
-        "prometheus", "{{ _prometheus_client_cas }}", host, {"_instance": SHARD}, inventory
-    )
+    cas = prometheus_var("_prometheus_client_cas", secured_inventory("node_exporter", "all"))
     # roles/prometheus/tasks/web.yml writes <key>-ca.crt for every non-empty value.
     assert cas["node"] == CA
     assert cas["ipmi"] == "" and cas["self"] == ""
@@ -123,12 +124,7 @@ def test_a_login_without_gpufleets_user_is_refused_with_the_fix():
 
 
 def test_a_refused_configuration_masks_the_derived_logins():
-    inventory = secured_inventory("node_exporter", "all")
-    groups, _ = inventory
-    host = groups["prometheus"][0]
-    logins = template_value(
-        "prometheus", "{{ _prometheus_logins }}", host, {"_instance": SHARD}, inventory
-    )
+    logins = prometheus_var("_prometheus_logins", secured_inventory("node_exporter", "all"))
     assert "s3cret" in logins
     tasks = yaml.safe_load((ROLES / "prometheus" / "tasks" / "instance.yml").read_text())
     (explain,) = [t for t in tasks if t["name"].startswith("Explain a refused configuration")]
