@@ -10,6 +10,7 @@ Alertmanager binary of the same package delivers to an SMTP and a webhook sink.
 from __future__ import annotations
 
 import json
+import shutil
 import socketserver
 import subprocess
 import sys
@@ -292,6 +293,10 @@ def test_owner_mail_and_one_digest_are_delivered(amtool: Path, tmp_path: Path) -
         },
         "alertmanager_group_wait": "1s",
     }
+    # The shipped notification templates, where the rendered configuration lists them.
+    (tmp_path / "templates").mkdir()
+    shutil.copy(ROOT / "roles/alertmanager/files/gpufleet.tmpl", tmp_path / "templates")
+    settings["alertmanager_config_dir"] = str(tmp_path)
     config = tmp_path / "alertmanager.yml"
     config.write_text(render("alertmanager", "alertmanager.yml.j2", "mon01", settings))
     command = [str(binary), f"--config.file={config}", f"--storage.path={tmp_path / 'data'}",
@@ -318,11 +323,14 @@ def test_owner_mail_and_one_digest_are_delivered(amtool: Path, tmp_path: Path) -
             server.terminate()
             smtp.shutdown()
             hook.shutdown()
-    mails = sorted((rcpt, body.count("job_id")) for rcpt, body in _Smtp.mails)
+    # The shipped gpufleet.idle.* templates: an alert is a list item of the html part.
+    mails = sorted((rcpt, body.count("<li>job ")) for rcpt, body in _Smtp.mails)
     # one mail per owner, not per job: carol's lists job 7 (two nodes) and job 11
     assert mails == [(["<a.smith@example.org>"], 1), (["<carol@example.org>"], 3)], mails
     (carol,) = [body for rcpt, body in _Smtp.mails if rcpt == ["<carol@example.org>"]]
-    assert "job 7" in carol and "job 11" in carol
+    assert "Subject: Idle GPUs in your Slurm jobs on c1" in carol.splitlines()
+    assert "Hello carol," in carol
+    assert "job 7 on gpu002 (account chem, partition gpu)" in carol and "job 11 on gpu006" in carol
     (digest,) = _Hook.posts
     assert digest["groupLabels"] == {"alertname": "SlurmJobGpuIdle", "cluster": "c1"}
     jobs = sorted(a["labels"]["job_id"] for a in digest["alerts"])

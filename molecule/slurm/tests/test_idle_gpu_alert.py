@@ -167,11 +167,13 @@ def test_idle_job_alerts_its_owner_once_and_the_admins_in_one_digest(ctl, jobs):
     ctl.run("sleep 10")
     mails, digests = delivered() or ([], [])
     assert [mail["rcpt"] for mail in mails] == [["<bob@example.org>"]], mails
-    # Subject: [FIRING:1] <group labels by name: alertname cluster user> (<the alerts' other
-    # common labels by name: account job_id node partition severity>): one mail per user.
-    subject = re.search(r"^Subject: (.*(?:\n[ \t].*)*)", mails[0]["data"], re.MULTILINE)
-    assert subject, mails[0]["data"][:2000]
-    assert re.search(rf"SlurmJobGpuIdle\s+slurmlab\s+bob\s+\(chem\s+{idle}\s", subject.group(1))
+    # The role's gpufleet.idle.* templates (roles/alertmanager/files/gpufleet.tmpl): one mail
+    # per user, greeting them and listing the job (quoted-printable keeps short lines whole).
+    data = mails[0]["data"]
+    subject = re.search(r"^Subject: (.*(?:\n[ \t].*)*)", data, re.MULTILINE)
+    assert subject, data[:2000]
+    assert subject.group(1) == "Idle GPUs in your Slurm jobs on slurmlab", data[:2000]
+    assert "Hello bob," in data and f"job {idle} on {IDLE_NODE} " in data, data[:2000]
     (digest,) = digests
     payload = digest["payload"]
     assert payload["groupLabels"] == {"alertname": "SlurmJobGpuIdle", "cluster": "slurmlab"}
