@@ -114,8 +114,16 @@ REFERENCE_FIELDS = frozenset(
 # Asked for by the issue (FB total, remap pending, the minor number Slurm's GPU index
 # means) but not in the reference: checked in NVIDIA/DCGM dcgmlib/dcgm_fields.h (commit
 # 28bfbd4), field ids 250, 396 and 55.
+# DCGM_FI_DEV_SLOWDOWN_TEMP (158) and DCGM_FI_DEV_CLOCKS_EVENT_REASONS (112, formerly
+# CLOCK_THROTTLE_REASONS): NVIDIA/DCGM testing/python3/dcgm_fields.py; the rules read both.
 DCGM_HEADER_FIELDS = frozenset(
-    {"DCGM_FI_DEV_FB_TOTAL", "DCGM_FI_DEV_ROW_REMAP_PENDING", "DCGM_FI_DEV_MINOR_NUMBER"}
+    {
+        "DCGM_FI_DEV_FB_TOTAL",
+        "DCGM_FI_DEV_ROW_REMAP_PENDING",
+        "DCGM_FI_DEV_MINOR_NUMBER",
+        "DCGM_FI_DEV_SLOWDOWN_TEMP",
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+    }
 )
 KNOWN_FIELDS = REFERENCE_FIELDS | DCGM_HEADER_FIELDS
 

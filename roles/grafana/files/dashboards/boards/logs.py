@@ -36,8 +36,10 @@ def _variables() -> list[Variable]:
             "pci_bus_id",
             "GPU PCI id",
             'query_result(group by (pci_bus_id) (node_gpu_info{cluster=~"${cluster}", '
-            'node=~"${node}", gpu=~"${gpu}"}) or group by (pci_bus_id) (DCGM_FI_DEV_GPU_TEMP'
-            '{cluster=~"${cluster}", node=~"${node}", gpu=~"${gpu}"}))',
+            'node=~"${node}", gpu=~"${gpu}"}) or group by (pci_bus_id) ('
+            # dcgm-exporter <= 4.8 or 4.9 (DCGM 4.7) name of the GPU temperature.
+            '{__name__=~"DCGM_FI_DEV_GPU_TEMP|DCGM_FI_DEV_GPU_TEMP_CELSIUS", '
+            'cluster=~"${cluster}", node=~"${node}", gpu=~"${gpu}"}))',
             regex='/pci_bus_id="([^"]+)"/',
         ),
         var_textbox("search", "Line filter (regex)"),
