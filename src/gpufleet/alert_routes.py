@@ -20,7 +20,9 @@ from typing import Any
 
 TIMING_KEYS = ("group_wait", "group_interval", "repeat_interval")
 # Alertmanager's duration grammar (prometheus/common model.ParseDuration), whole string.
-_DURATION = re.compile(r"(?:[0-9]+y)?(?:[0-9]+w)?(?:[0-9]+d)?(?:[0-9]+h)?(?:[0-9]+m)?(?:[0-9]+s)?(?:[0-9]+ms)?")
+_DURATION = re.compile(
+    r"(?:[0-9]+y)?(?:[0-9]+w)?(?:[0-9]+d)?(?:[0-9]+h)?(?:[0-9]+m)?(?:[0-9]+s)?(?:[0-9]+ms)?"
+)
 # A severity becomes a matcher value: plain words only, nothing to escape.
 _SEVERITY = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 # Most urgent first; other severities follow in name order.
@@ -51,7 +53,9 @@ def timing_problems(timing: object, receivers: object) -> list[str]:
             if key not in TIMING_KEYS:
                 problems.append(f"{where}.{key} is not one of {', '.join(TIMING_KEYS)}")
             elif not isinstance(value, str) or value in ("", "0") or not _DURATION.fullmatch(value):
-                problems.append(f"{where}.{key} must be a duration such as 30s, 5m or 4h (got {value!r})")
+                problems.append(
+                    f"{where}.{key} must be a duration such as 30s, 5m or 4h (got {value!r})"
+                )
     return problems
 
 
@@ -73,9 +77,10 @@ def severity_routes(
             "matchers": [f'severity="{severity}"'],
             "receiver": receivers.get(severity, default_receiver),
         }
-        route.update({key: timing[severity][key] for key in TIMING_KEYS if key in timing.get(severity, {})})
+        own = timing.get(severity, {})
+        route.update({key: own[key] for key in TIMING_KEYS if key in own})
         if team_routes:
-            route["routes"] = copy.deepcopy(list(team_routes))
+            route["routes"] = [copy.deepcopy(dict(team)) for team in team_routes]
         routes.append(route)
     # Copies, not shared objects: YAML output would turn those into anchors and aliases.
-    return routes + copy.deepcopy(list(team_routes))
+    return routes + [copy.deepcopy(dict(team)) for team in team_routes]

@@ -72,7 +72,8 @@ def test_the_role_refuses_bad_timing() -> None:
     """The preflight's expression, through the role's own variables."""
     problems = evaluate(
         "alertmanager",
-        "alertmanager_severity_timing | gpufleet_alertmanager_timing_problems(alertmanager_severity_receivers)",
+        "alertmanager_severity_timing"
+        " | gpufleet_alertmanager_timing_problems(alertmanager_severity_receivers)",
         "mon01",
         {"alertmanager_severity_timing": {"critical": {"repeat_interval": "soon"}}},
     )
@@ -152,7 +153,8 @@ def test_inhibit_list_matches_the_node_alerts() -> None:
     listed = evaluate("alertmanager", "_alertmanager_gpu_node_problems", "mon01", {})
     assert len(listed) == len(set(listed))
     assert set(listed) == _rule_problems()
-    alerts = {r.get("alert") for g in yaml.safe_load(GPU_RULES.read_text())["groups"] for r in g["rules"]}
+    groups = yaml.safe_load(GPU_RULES.read_text())["groups"]
+    alerts = {rule.get("alert") for group in groups for rule in group["rules"]}
     assert set(listed) <= alerts  # each names a real per-GPU alert
 
 
@@ -163,7 +165,8 @@ def test_shipped_templates_render(amtool: Path) -> None:  # noqa: F811
                      "gpufleet.idle.text", "gpufleet.idle.html")
     )  # fmt: skip
     result = subprocess.run(
-        [str(amtool), "template", "render", f"--template.glob={TEMPLATE}", f"--template.text={text}"],
+        [str(amtool), "template", "render",
+         f"--template.glob={TEMPLATE}", f"--template.text={text}"],
         capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
@@ -178,7 +181,8 @@ def test_a_broken_template_is_refused(amtool: Path, tmp_path: Path) -> None:  # 
 
 
 def _alert(name: str, severity: str, node: str, **labels: str) -> dict:
-    return {"labels": {"alertname": name, "severity": severity, "cluster": "c1", "node": node} | labels}
+    common = {"alertname": name, "severity": severity, "cluster": "c1", "node": node}
+    return {"labels": common | labels}
 
 
 def test_a_node_alert_holds_back_its_gpus_alerts(amtool: Path, tmp_path: Path) -> None:  # noqa: F811
@@ -190,7 +194,10 @@ def test_a_node_alert_holds_back_its_gpus_alerts(amtool: Path, tmp_path: Path) -
     threading.Thread(target=hook.serve_forever, daemon=True).start()
     settings = {
         "alertmanager_receivers": [
-            {"name": "admins", "webhook_configs": [{"url": f"http://127.0.0.1:{hook.server_port}/"}]}
+            {
+                "name": "admins",
+                "webhook_configs": [{"url": f"http://127.0.0.1:{hook.server_port}/"}],
+            }
         ],
         "alertmanager_default_receiver": "admins",
         "alertmanager_severity_timing": {"warning": {"group_wait": "2s"}},

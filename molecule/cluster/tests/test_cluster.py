@@ -542,3 +542,49 @@ def test_node_down_is_delivered_once_inhibits_its_gpu_alerts_and_survives_an_ale
     finally:
         cpu_node.run("systemctl start node_exporter")
         host("cl-mon02").run("systemctl start gpufleet-alertmanager")
+
+
+def test_a_node_alert_holds_back_its_gpus_alerts_and_severities_keep_their_pace():
+    """The deployed configuration: severity routes with their own timing and the shipped
+    templates loaded, and GpuDegradedOnNode (one alert per node and problem) suppressing
+    the per-GPU alerts it sums up, on the node it names only (made-up nodes: the other
+    tests read the webhook's log by node)."""
+    status = alertmanager_api("status")
+    config = yaml.safe_load(status["config"]["original"])
+    assert config["templates"] == ["/etc/gpufleet/alertmanager/templates/gpufleet.tmpl"]
+    severities = {
+        r["matchers"][0]: r
+        for r in config["route"]["routes"]
+        if r.get("matchers", [""])[0].startswith("severity=")
+    }
+    assert set(severities) == {'severity="critical"', 'severity="warning"', 'severity="info"'}
+    assert all(r["group_wait"] == "5s" for r in severities.values()), severities
+
+    now = time.time()
+    stamp = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
+
+    def alert(name: str, node: str, ends_in: float, **labels: str) -> dict:
+        return {
+            "labels": {"alertname": name, "cluster": "testbed-node-alert", "node": node,
+                       "severity": "warning", "gpufleet_test": "node-alert"} | labels,
+            "startsAt": stamp(now - 1),
+            "endsAt": stamp(now + ends_in),
+        }  # fmt: skip
+
+    hot = "GpuTemperatureNearLimit"
+    posted = [alert("GpuDegradedOnNode", "na-node1", 120, problem=hot),
+              alert(hot, "na-node1", 120, gpu="0"), alert(hot, "na-node1", 120, gpu="1"),
+              alert(hot, "na-node2", 120, gpu="0")]  # fmt: skip
+    alertmanager_api("alerts", posted)
+    query = urllib.parse.quote('gpufleet_test="node-alert"')
+    states = {
+        (a["labels"]["alertname"], a["labels"]["node"], a["labels"].get("gpu", "")): a["status"]
+        for a in alertmanager_api(f"alerts?filter={query}&inhibited=true&silenced=true")
+    }
+    assert {key: status["state"] for key, status in states.items()} == {
+        ("GpuDegradedOnNode", "na-node1", ""): "active",
+        (hot, "na-node1", "0"): "suppressed",
+        (hot, "na-node1", "1"): "suppressed",
+        (hot, "na-node2", "0"): "active",
+    }, states
+    alertmanager_api("alerts", [a | {"endsAt": stamp(time.time() - 1)} for a in posted])
