@@ -6,7 +6,7 @@ import os
 import sys
 
 try:
-    from gpufleet import firewall, masking, preflight, scrape_targets, web
+    from gpufleet import firewall, masking, preflight, scrape_targets, server_ports, web
     from gpufleet.inventory import prometheus_port, prometheus_ports
     from gpufleet.slurm_native import native_metrics_problem, parse_show_config
     from gpufleet_node.gpu_collector.slurm import valid_cgroup_root
@@ -14,7 +14,7 @@ except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(
         0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "src")
     )
-    from gpufleet import firewall, masking, preflight, scrape_targets, web
+    from gpufleet import firewall, masking, preflight, scrape_targets, server_ports, web
     from gpufleet.inventory import prometheus_port, prometheus_ports
     from gpufleet.slurm_native import native_metrics_problem, parse_show_config
     from gpufleet_node.gpu_collector.slurm import valid_cgroup_root
@@ -31,6 +31,9 @@ gpufleet_slurm_params = scrape_targets.slurm_params
 gpufleet_prometheus_urls = scrape_targets.prometheus_urls
 gpufleet_prometheus_port = prometheus_port
 gpufleet_prometheus_ports = prometheus_ports
+gpufleet_server_port = server_ports.server_port
+gpufleet_server_address = server_ports.server_address
+gpufleet_server_urls = server_ports.server_urls
 gpufleet_firewall_exporters = firewall.exporter_services
 gpufleet_firewall_sources = firewall.sources
 gpufleet_firewall_rules = firewall.rules
@@ -62,6 +65,9 @@ class FilterModule:
             "gpufleet_metrics_paths": gpufleet_metrics_paths,
             "gpufleet_prometheus_port": gpufleet_prometheus_port,
             "gpufleet_prometheus_ports": gpufleet_prometheus_ports,
+            "gpufleet_server_port": gpufleet_server_port,
+            "gpufleet_server_address": gpufleet_server_address,
+            "gpufleet_server_urls": gpufleet_server_urls,
             "gpufleet_mode_jobs": gpufleet_mode_jobs,
             "gpufleet_registry_targets": gpufleet_registry_targets,
             "gpufleet_shard_targets": gpufleet_shard_targets,

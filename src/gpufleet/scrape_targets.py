@@ -15,8 +15,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, TypedDict
 
-from gpufleet.inventory import prometheus_port
 from gpufleet.lifecycle import is_leaving
+from gpufleet.server_ports import server_address, servers
 from gpufleet.sizing import registry_field
 from gpufleet.web import web_ca
 
@@ -137,19 +137,27 @@ def registry_targets(
 
 
 def shard_targets(
-    prometheus_hosts: Iterable[str], hostvars: Mapping[str, Any], port_base: int
+    prometheus_hosts: Iterable[str],
+    hostvars: Mapping[str, Any],
+    port_base: int | None = None,
 ) -> list[TargetGroup]:
-    """file_sd target groups for every shard instance (all replicas) in the inventory."""
+    """file_sd target groups for every shard instance (all replicas) in the inventory.
+
+    Each on its own host's port: that host's prometheus_port_base, else the registry's
+    default (gpufleet.server_ports). ``port_base`` is not read: it was the calling
+    instance's own base, which is not the shard host's where only one of them sets it.
+    """
+    del port_base  # the prometheus role's call still passes it
+    entry = servers()["prometheus"]
     groups: list[TargetGroup] = []
     for name in sorted(prometheus_hosts):
         host = hostvars[name]
-        address = str(host.get("ansible_host") or name)
         for instance in host.get("gpufleet_prometheus_instances") or []:
             if instance.get("mode") != "shard":
                 continue
             groups.append(
                 {
-                    "targets": [host_port(address, prometheus_port(instance, port_base))],
+                    "targets": [server_address(name, hostvars, entry, instance)],
                     "labels": {
                         "shard": str(instance["shard"]),
                         "replica": str(instance["replica"]),
@@ -234,18 +242,18 @@ def prometheus_urls(hosts: Iterable[str], hostvars: Mapping[str, Any]) -> list[d
     """[{name, urls}] of the shard and standalone instances on hosts (the global tier
     holds no per-job series): each instance's replicas' base URLs, in replica order, by
     instance name. The scheme follows the hosts' own TLS settings (gpufleet.web.web_ca);
-    the port is the instance's (gpufleet.inventory.prometheus_port)."""
+    the port is the instance's on its host's own prometheus_port_base, else the
+    registry's (gpufleet.server_ports)."""
     names = sorted(set(hosts))
     scheme = "https" if web_ca(names, hostvars, "prometheus") else "http"
+    entry = servers()["prometheus"]
     replicas: dict[str, list[tuple[int, str]]] = {}
     for host in names:
         settings = hostvars[host]
-        address = str(settings.get("ansible_host", host))
-        base = int(settings.get("prometheus_port_base", 9090))
         for instance in settings.get("gpufleet_prometheus_instances") or []:
             if instance.get("mode") == "global":
                 continue
-            url = f"{scheme}://{host_port(address, prometheus_port(instance, base))}"
+            url = f"{scheme}://{server_address(host, hostvars, entry, instance)}"
             replicas.setdefault(str(instance["name"]), []).append(
                 (int(instance.get("replica") or 0), url)
             )
