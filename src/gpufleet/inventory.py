@@ -52,6 +52,11 @@ def target_labels(cluster: str, host: Host) -> dict[str, str]:
     return labels
 
 
+def node_label_names(hosts: Iterable[Host]) -> list[str]:
+    """The custom label names (the node list's ``labels:``) of any of hosts, sorted."""
+    return sorted({name for host in hosts for name in host.labels})
+
+
 def plan_shards(node_list: NodeList) -> dict[str, int]:
     """Host -> shard for every host (servers included: node_exporter runs everywhere).
 
@@ -221,6 +226,9 @@ def build_inventory(node_list: NodeList) -> InventoryPlan:
             "gpufleet_cluster_gpus": sum(host.gpu_count for host in node_list.hosts),
             # The head series one Prometheus may hold (PrometheusSeriesNearBudget at 80 %).
             "gpufleet_max_series_per_shard": monitoring.max_series_per_shard,
+            # The custom label names of all hosts (their `labels:`), sorted: the prometheus
+            # role keeps them on every node-level rule and alert (src/gpufleet/rule_labels.py).
+            "gpufleet_node_label_names": node_label_names(node_list.hosts),
         }
     }
     if monitoring.shard_lock:

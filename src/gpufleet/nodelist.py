@@ -87,7 +87,21 @@ GPU_VENDORS = ("nvidia", "amd")
 GPU_COLLECTORS = ("smi", "dcgm")
 SHARDING_MODES = ("balanced", "rack")
 # Labels Prometheus or gpufleet set themselves; a user label must not shadow them.
-RESERVED_LABELS = ("cluster", "rack", "partition", "gpu_model", "job", "instance")
+TARGET_LABELS = (
+    "cluster", "rack", "partition", "gpu_model", "node", "metrics_path", "shard", "replica",
+    "job", "instance",
+)  # fmt: skip
+# Labels gpufleet's rules group by, match on or set (an exporter's, a rule's or an
+# alert's): a target label of that name would replace the exporter's (honor_labels is
+# off) or be added to the rules' label lists twice (src/gpufleet/rule_labels.py).
+# tests/unit/test_rule_labels.py derives them from the shipped rule files.
+RULE_LABELS = (
+    "gpu", "UUID", "minor", "minor_number", "xid", "critical", "reason", "check", "state",
+    "mode", "scope", "sensor", "action", "file", "window_size_in_ms", "device", "mountpoint",
+    "fstype", "job_id", "user", "account", "problem", "severity", "alertname", "alertstate",
+    "DCGM_FI_DEV_MINOR_NUMBER", "DCGM_FI_DEV_GPU_MINOR_NUMBER",
+)  # fmt: skip
+RESERVED_LABELS = TARGET_LABELS + RULE_LABELS
 
 
 _LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -290,8 +304,12 @@ class Checker:
                 )
             if name.startswith("__"):
                 raise self.fail(where, "label names starting with '__' are reserved for Prometheus")
-            if name in RESERVED_LABELS:
+            if name in TARGET_LABELS:
                 raise self.fail(where, f"label {name!r} is set by gpufleet or Prometheus")
+            if name in RULE_LABELS:
+                raise self.fail(
+                    where, f"label {name!r} is one gpufleet's rules group by, match on or set"
+                )
             if isinstance(label_value, bool) or not isinstance(label_value, str | int | float):
                 raise self.fail(
                     where, f"label value must be a string, got {type_name(label_value)}"

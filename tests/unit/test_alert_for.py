@@ -336,6 +336,8 @@ def test_the_role_installs_node_down_with_the_sites_duration() -> None:
     text = path.read_text()
     values = {
         "prometheus_alert_for": {"NodeDown": "30s"},
+        # The example inventory's custom labels change the by lists too (test_rule_labels.py).
+        "prometheus_node_labels": [],
         "_text": wrap_var(text),
         "item": path.name,
     }

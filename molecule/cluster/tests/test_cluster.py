@@ -449,6 +449,18 @@ def alerts_for(node: str, status: str | None = None) -> list[tuple[str, str]]:
     ]
 
 
+def node_down_receivers(node: str) -> list[tuple[str, str]]:
+    """(receiver, site label) of each firing NodeDown notification about node."""
+    return [
+        (n["receiver"], a["labels"].get("site", ""))
+        for n in notifications()
+        for a in n["alerts"]
+        if a["labels"]["alertname"] == "NodeDown"
+        and a["labels"].get("node") == node
+        and a["status"] == "firing"
+    ]
+
+
 def alertmanager_api(path: str, body: list | None = None) -> list | dict:
     """GET (or POST body to) the first Alertmanager's API v2, verified, logged in."""
     first = sorted(group("alertmanager"))[0]
@@ -519,6 +531,8 @@ def test_node_down_is_delivered_once_inhibits_its_gpu_alerts_and_survives_an_ale
         assert delivered, "the control GPU fault on a node that is up was not delivered"
         time.sleep(30)  # time for a duplicate from the second Alertmanager to arrive
         assert alerts_for("cl-gpu02", "firing").count(("NodeDown", "firing")) == 1
+        # The node list's custom label stays on the alert, and site a's route takes it.
+        assert node_down_receivers("cl-gpu02") == [("site-a", "a")], notifications()
         others = {name for name, _ in alerts_for("cl-gpu02", "firing")} - {"NodeDown"}
         assert not others, f"alerts not inhibited by NodeDown: {others}"
         alertmanager_api(
@@ -535,6 +549,8 @@ def test_node_down_is_delivered_once_inhibits_its_gpu_alerts_and_survives_an_ale
             lambda: ("NodeDown", "firing") in alerts_for("cl-cpu01"), timeout=330, interval=5
         )
         assert delivered, notifications()
+        # Site b has no route of its own: the default receiver.
+        assert ("test-webhook", "b") in node_down_receivers("cl-cpu01"), notifications()
         resolved = eventually(
             lambda: ("NodeDown", "resolved") in alerts_for("cl-gpu02"), timeout=120, interval=5
         )

@@ -58,6 +58,7 @@ def test_group_all_vars() -> None:
             "gpufleet_sharding": "balanced",
             "gpufleet_cluster_gpus": 4 * 8,
             "gpufleet_max_series_per_shard": DEFAULT_MAX_SERIES_PER_SHARD,
+            "gpufleet_node_label_names": [],
         }
     }
 
@@ -112,6 +113,7 @@ def test_user_labels_and_vars() -> None:
         "site": "x",
     }
     assert plan.host_vars["cpu1"]["ansible_user"] == "admin"
+    assert plan.group_vars["all"]["gpufleet_node_label_names"] == ["site"]
 
 
 def test_rack_names_that_collide_as_group_names_are_an_error() -> None:
