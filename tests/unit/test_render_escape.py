@@ -427,7 +427,8 @@ def contains_run(words: list[str], run: list[str]) -> bool:
 
 def read_units(name: str, overrides: dict) -> list[list[str]]:
     """Every command, Environment= and ReadWritePaths= list of the scenario's services,
-    read as systemd reads them (ExecReload's $MAINPID is the one expansion allowed)."""
+    read as systemd reads them. The expansions allowed: ExecReload's $MAINPID, and
+    Prometheus' ${GPUFLEET_QUERY_MAX_SAMPLES}, a number its own bounds drop-in sets."""
     scenario = SCENARIOS[name]
     lib = libsystemd()
     found: list[list[str]] = []
@@ -437,7 +438,8 @@ def read_units(name: str, overrides: dict) -> list[list[str]]:
             for key, value in unit_settings(text):
                 if key.startswith("Exec"):
                     value = value.lstrip("-@:+!")
-                    found.extend(exec_commands(value, frozenset({"MAINPID"})))
+                    allowed = frozenset({"MAINPID", "GPUFLEET_QUERY_MAX_SAMPLES"})
+                    found.extend(exec_commands(value, allowed))
                 elif key in ("Environment", "ReadWritePaths"):
                     unquote = lib.unquote | (2 if key == "Environment" else 0)
                     found.append([unspecify(w) for w in lib.words(value, unquote)])

@@ -604,3 +604,60 @@ def test_a_node_alert_holds_back_its_gpus_alerts_and_severities_keep_their_pace(
         (hot, "na-node2", "0"): "active",
     }, states
     alertmanager_api("alerts", [a | {"endsAt": stamp(time.time() - 1)} for a in posted])
+
+
+def test_each_prometheus_runs_with_query_limits_and_logs_its_queries():
+    """Every instance runs with the three --query.* flags, --query.max-samples sized from
+    its unit's MemoryMax= (src/gpufleet/query_limits.py) through its bounds drop-in; a
+    query it answers lands in its query log, and still does after logrotate copied and
+    truncated the file."""
+    from gpufleet.query_limits import max_samples
+
+    def setting(name: str, variable: str, default):
+        return plain(inventory()["_meta"]["hostvars"][name].get(variable, default))
+
+    def logged(machine, path: str, marker: str) -> bool:
+        return machine.run(f"grep -qF 'vector({marker})' {path}").rc == 0
+
+    for name in sorted(group("prometheus") | group("prometheus_global")):
+        machine = host(name)
+        log_dir = setting(name, "prometheus_log_dir", "/var/log/gpufleet/prometheus")
+        concurrency = int(setting(name, "prometheus_query_max_concurrency", 20))
+        logs = {}
+        for instance in hostvar(name, "gpufleet_prometheus_instances"):
+            unit = f"gpufleet-prometheus-{instance['name']}.service"
+            pid = machine.check_output(f"systemctl show -p MainPID --value {unit}").strip()
+            argv = machine.check_output(f"tr '\\0' '\\n' < /proc/{pid}/cmdline").splitlines()
+            flags = dict(a.split("=", 1) for a in argv if a.startswith("--query."))
+            memory = machine.check_output(f"systemctl show -p MemoryMax --value {unit}").strip()
+            bound = None if memory == "infinity" else int(memory)
+            assert flags == {
+                "--query.max-concurrency": str(concurrency),
+                "--query.timeout": str(setting(name, "prometheus_query_timeout", "2m")),
+                "--query.max-samples": str(max_samples(bound, concurrency)),
+            }, (name, unit, flags, memory)
+            # The sample limit comes from the bounds drop-in (a restart-free daemon-reload).
+            environment = machine.check_output(f"systemctl show -p Environment --value {unit}")
+            assert f"GPUFLEET_QUERY_MAX_SAMPLES={flags['--query.max-samples']}" in environment
+            path = f"{log_dir}/{instance['name']}/query.log"
+            assert machine.file(path).exists, f"{name}: no {path}"
+            owner = setting(name, "prometheus_system_user", "prometheus")
+            assert machine.file(path).user == owner, f"{name}: {path} is not {owner}'s"
+            logs[path] = instance_base(name, instance)
+        result = machine.run("logrotate -d /etc/logrotate.d/gpufleet-prometheus")
+        assert result.rc == 0, f"{name}: {result.stdout}{result.stderr}"
+        # Before and after a forced rotation (its own state file: the daily run's is kept).
+        for round_ in ("before", "after"):
+            if round_ == "after":
+                rotate = machine.run(
+                    "logrotate -f -s /var/tmp/gpufleet-test-logrotate.state"
+                    " /etc/logrotate.d/gpufleet-prometheus"
+                )
+                assert rotate.rc == 0, f"{name}: {rotate.stdout}{rotate.stderr}"
+                for path in logs:
+                    assert machine.file(f"{path}.1.gz").exists, f"{name}: {path} not rotated"
+            for path, base in logs.items():
+                marker = str(time.time_ns())
+                query(base, f"vector({marker})")
+                found = eventually(lambda m=machine, p=path, k=marker: logged(m, p, k), timeout=30)
+                assert found, f"{name}: vector({marker}) not in {path} ({round_} rotation)"

@@ -17,9 +17,9 @@ C = CL
 # What the dashboard shows, for its description in Grafana.
 DESCRIPTION = (
     "The monitoring itself: Prometheus shards and their series against capacity, "
-    "scrape durations, rule evaluation, the Alertmanager cluster and the freshness of "
-    "the GPU collector and the Slurm exporter. Pick a shard datasource to see one "
-    "shard's own view."
+    "scrape durations, queries against their limits, rule evaluation, the Alertmanager "
+    "cluster and the freshness of the GPU collector and the Slurm exporter. Pick a shard "
+    "datasource to see one shard's own view."
 )
 
 
@@ -59,6 +59,48 @@ def _prometheus() -> list[Item]:
             ),
         ],
     )
+
+
+def _queries() -> list[Panel]:
+    """Queries against the limits the prometheus role sets (docs/prometheus.md, "Query
+    limits and the query log"): the engine's time per stage (the summary's sum and count:
+    the global tier keeps those, not its quantiles), queries in flight against
+    --query.max-concurrency, and the query API's refusals by status code."""
+    by = "node, instance, slice"
+    stage = (
+        f"{rate_sum(by, 'prometheus_engine_query_duration_seconds_sum', C)}"
+        f" / {rate_sum(by, 'prometheus_engine_query_duration_seconds_count', C)}"
+    )
+    running = f"max by (node, instance) (prometheus_engine_queries{{{C}}})"
+    limit = f"min(prometheus_engine_queries_concurrent_max{{{C}}})"
+    api = f'{C}, handler=~"/api/v1/query(_range)?", code=~"4..|5.."'
+    failed = rate_sum("node, instance, code", "prometheus_http_requests_total", api)
+    return [
+        panels.timeseries(
+            "Query time per stage (mean)",
+            [target(stage, "{{node}} {{instance}} {{slice}}")],
+            "s",
+            desc="inner_eval: evaluation; queue_time: waiting for a free slot "
+            "(--query.max-concurrency); compare with --query.timeout. The query log "
+            "names the slow queries.",
+            size=(8, 8),
+        ),
+        panels.with_limit(
+            "Queries running vs max concurrency",
+            [target(running, "{{node}} {{instance}}")],
+            target(limit, "max concurrency", "B"),
+            desc="Queries beyond the limit wait in a queue.",
+            size=(8, 8),
+        ),
+        panels.timeseries(
+            "Failed queries",
+            [target(failed, "{{node}} {{instance}} {{code}}")],
+            "reqps",
+            desc="422: more samples than --query.max-samples; 503: past --query.timeout; "
+            "499: canceled by the client; 400: a bad query.",
+            size=(8, 8),
+        ),
+    ]
 
 
 def _rules() -> list[Panel]:
@@ -155,6 +197,7 @@ def build() -> dm.Dashboard:
     )
     rows = [
         *_prometheus(),
+        *section("Queries", _queries()),
         *section("Rules and alerts", _rules() + _alertmanager()),
         *_collectors(),
     ]
