@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from ansible.plugins.loader import filter_loader
-from render_role import ROLES, ROOT, evaluate, render, template_value
+from render_role import ROLES, ROOT, evaluate, example_inventory, render, template_value
 from test_exporter_firewall_role import rule_list, server_inventory
 from test_grafana_role import MAIN_ORG, SECRETS, by_uid
 from test_loki_alloy_roles import river_strings
@@ -358,3 +358,14 @@ def test_the_removed_settings_are_gone_from_the_interface(role: str, variables: 
     ]
     for variable in variables:
         assert variable not in defaults and variable not in options, variable
+
+
+def test_alertmanager_gossips_to_each_peer_on_its_own_port() -> None:
+    """A peer that moved its gossip port (its own alertmanager_cluster_port) is reached
+    there; the others on the registry's 9094."""
+    groups, hostvars = copy.deepcopy(example_inventory())
+    hostvars["mon02"]["alertmanager_cluster_port"] = 9194
+    unit = render("alertmanager", "alertmanager.service.j2", "mon01", {}, (groups, hostvars))
+    peers = sorted(re.findall(r"--cluster\.peer=(\S+)", unit))
+    mon02, mon03 = (hostvars[h].get("ansible_host", h) for h in ("mon02", "mon03"))
+    assert peers == sorted([f"{mon02}:9194", f"{mon03}:9094"]), unit
