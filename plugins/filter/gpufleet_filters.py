@@ -6,18 +6,25 @@ import os
 import sys
 
 try:
-    from gpufleet import firewall, masking, preflight, scrape_targets, server_ports, web
-    from gpufleet.inventory import prometheus_port, prometheus_ports
-    from gpufleet.slurm_native import native_metrics_problem, parse_show_config
-    from gpufleet_node.gpu_collector.slurm import valid_cgroup_root
+    import gpufleet  # noqa: F401 (installed, or the checkout's src/ below)
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(
         0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "src")
     )
-    from gpufleet import firewall, masking, preflight, scrape_targets, server_ports, web
-    from gpufleet.inventory import prometheus_port, prometheus_ports
-    from gpufleet.slurm_native import native_metrics_problem, parse_show_config
-    from gpufleet_node.gpu_collector.slurm import valid_cgroup_root
+from gpufleet import (
+    alert_routes,
+    firewall,
+    masking,
+    preflight,
+    query_limits,
+    rule_labels,
+    scrape_targets,
+    server_ports,
+    web,
+)
+from gpufleet.inventory import prometheus_port, prometheus_ports
+from gpufleet.slurm_native import native_metrics_problem, parse_show_config
+from gpufleet_node.gpu_collector.slurm import valid_cgroup_root
 
 # Pure functions of src/gpufleet, under their filter names (bench/ imports these).
 gpufleet_targets = scrape_targets.targets
@@ -83,4 +90,12 @@ class FilterModule:
             "gpufleet_control_names": gpufleet_control_names,
             "gpufleet_bounds_problems": gpufleet_bounds_problems,
             "gpufleet_masked_refusal": gpufleet_masked_refusal,
+            "gpufleet_query_max_samples": query_limits.sized_max_samples,
+            "gpufleet_query_limit_problems": query_limits.setting_problems,
+            "gpufleet_query_flag_conflicts": query_limits.flag_conflicts,
+            "gpufleet_query_log_problems": query_limits.log_problems,
+            "gpufleet_rule_labels": rule_labels.with_node_labels,
+            "gpufleet_rule_label_problems": rule_labels.name_problems,
+            "gpufleet_alertmanager_severity_routes": alert_routes.severity_routes,
+            "gpufleet_alertmanager_timing_problems": alert_routes.timing_problems,
         }

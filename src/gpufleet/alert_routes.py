@@ -8,7 +8,7 @@ every severity route, so a route on ``site="berlin"`` pages that team at the sev
 pace, and repeated once more after them for alerts without a known severity.
 
 The role's template renders the result (filter ``gpufleet_alertmanager_severity_routes`` of
-plugins/filter/gpufleet_alertmanager.py); :func:`timing_problems` is the preflight's check.
+plugins/filter/gpufleet_filters.py); :func:`timing_problems` is the preflight's check.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Every scrape target of a host carries the host's ``labels:`` (inventory.target_l
 but an aggregation keeps only the labels it names: ``max by (cluster, rack, node)``
 would drop ``site``. The rule files stay static files as shipped (promtool's tests in
 tests/rules test them so); the prometheus role passes each one through
-:func:`with_node_labels` (filter gpufleet_rule_labels, plugins/filter/gpufleet_rule_labels.py)
+:func:`with_node_labels` (filter gpufleet_rule_labels, plugins/filter/gpufleet_filters.py)
 with the label names the inventory plugin publishes (gpufleet_node_label_names, the role's
 prometheus_node_labels), and the names are added, in order, to
 
