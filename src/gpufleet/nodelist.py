@@ -99,7 +99,7 @@ RULE_LABELS = (
     "gpu", "UUID", "minor", "minor_number", "xid", "critical", "reason", "check", "state",
     "mode", "scope", "sensor", "action", "file", "window_size_in_ms", "device", "mountpoint",
     "fstype", "job_id", "user", "account", "problem", "severity", "alertname", "alertstate",
-    "DCGM_FI_DEV_MINOR_NUMBER", "DCGM_FI_DEV_GPU_MINOR_NUMBER",
+    "DCGM_FI_DEV_MINOR_NUMBER", "DCGM_FI_DEV_GPU_MINOR_NUMBER", "name", "remote_name", "url",
 )  # fmt: skip
 RESERVED_LABELS = TARGET_LABELS + RULE_LABELS
 

@@ -128,9 +128,19 @@ def test_python_reads_the_same_file() -> None:
 def test_jobs_of_each_mode_are_the_registrys() -> None:
     jobs = evaluate("prometheus", "_prometheus_jobs", "mon01", {"_instance": SHARD})
     assert jobs == {
-        "standalone": ["node", "dcgm", "slurm", "alertmanager", "ipmi", "slurmctld"],
+        "standalone": [
+            "node",
+            "dcgm",
+            "slurm",
+            "alertmanager",
+            "grafana",
+            "loki",
+            "victoriametrics",
+            "ipmi",
+            "slurmctld",
+        ],
         "shard": ["node", "dcgm", "slurm", "ipmi"],
-        "global": ["alertmanager", "slurmctld"],
+        "global": ["alertmanager", "grafana", "loki", "victoriametrics", "slurmctld"],
     }
 
 

@@ -98,6 +98,30 @@ def test_the_alertmanager_datasource_follows_the_alertmanagers_own_port():
     assert ds["gpufleet-alertmanager"]["url"] == f"http://{address}:9193"
 
 
+def test_each_victoriametrics_host_is_a_datasource_on_its_own_port():
+    groups, hostvars = example_inventory()
+    assert "gpufleet-victoriametrics" not in by_uid(datasources())
+    hostvars = copy.deepcopy(hostvars)
+    one = {**groups, "victoriametrics": ["mon02"]}
+    address = hostvars["mon02"]["ansible_host"]
+    ds = by_uid(datasources(inventory=(one, hostvars)))
+    vm = ds["gpufleet-victoriametrics"]
+    assert (vm["name"], vm["type"], vm["url"]) == (
+        "gpufleet VictoriaMetrics",
+        "prometheus",
+        f"http://{address}:8428",
+    )
+    assert vm["isDefault"] is False and ds["gpufleet-prometheus"]["isDefault"] is True
+    # Two single-node servers, each with what was written to it; a moved port follows.
+    hostvars["mon01"]["victoriametrics_port"] = 8528
+    both = {**groups, "victoriametrics": ["mon02", "mon01"]}
+    two = by_uid(datasources(inventory=(both, hostvars)))
+    assert {uid: d["url"] for uid, d in two.items() if "victoriametrics" in uid} == {
+        "gpufleet-victoriametrics-0": f"http://{hostvars['mon01']['ansible_host']}:8528",
+        "gpufleet-victoriametrics-1": f"http://{address}:8428",
+    }
+
+
 def test_the_removed_alertmanager_port_setting_is_refused():
     (task,) = [t for t in tasks("preflight.yml") if "removed port setting" in t["name"]]
     condition = task["ansible.builtin.assert"]["that"]

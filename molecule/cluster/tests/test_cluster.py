@@ -190,10 +190,45 @@ def test_global_holds_both_shards_aggregates_and_no_raw_series():
     assert held < raw / 2, f"global holds {held} series of the shards' {raw}"
 
 
-def test_global_tier_writes_to_victoriametrics():
-    victoria = f"http://{hostvar('cl-mon02', 'ansible_host')}:8428"
+def test_global_tier_writes_to_victoriametrics_and_watches_it():
+    """The global tier remote_writes to VictoriaMetrics on cl-mon02 and scrapes it (job
+    victoriametrics, exporters_registry). Stopped, it raises VictoriaMetricsDown and the
+    global's PrometheusRemoteWriteFailing (after 10 s here: testbed.yml); started again, it
+    is scraped and written to again."""
+    address = hostvar("cl-mon02", "ansible_host")
+    victoria = f"http://{address}:8428"
     result = eventually(lambda: query(victoria, 'count({__name__=~"cluster:.+"})'), timeout=90)
     assert result and float(result[0]["value"][1]) > 0
+    base = instance_url("global")
+
+    def up() -> dict[str, str]:
+        found = query(base, 'up{job="victoriametrics"}')
+        return {r["metric"]["instance"]: r["value"][1] for r in found}
+
+    def firing() -> set[str]:
+        found = query(base, 'ALERTS{alertstate="firing", alertname=~".*(Victoria|RemoteWrite).*"}')
+        return {r["metric"]["alertname"] for r in found}
+
+    assert eventually(lambda: up() == {f"{address}:8428": "1"}, timeout=60), up()
+    assert firing() == set()
+    newest = 'timestamp(cluster:nodes:count{shard="0"})'
+    server = host("cl-mon02")
+    server.check_output("systemctl stop victoria-metrics")
+    try:
+        both = {"VictoriaMetricsDown", "PrometheusRemoteWriteFailing"}
+        assert eventually(lambda: firing() == both, timeout=150, interval=5), firing()
+    finally:
+        server.check_output("systemctl start victoria-metrics")
+    restarted = time.time()
+    assert eventually(lambda: up() == {f"{address}:8428": "1"}, timeout=60), up()
+    # Written to again: samples newer than the restart (VictoriaMetrics shows a sample
+    # 30 s after its timestamp, -search.latencyOffset).
+    fresh = eventually(
+        lambda: [r for r in query(victoria, newest) if float(r["value"][1]) > restarted],
+        timeout=120,
+        interval=5,
+    )
+    assert fresh, query(victoria, newest)
 
 
 def dashboard_queries() -> list[tuple[str, str, str]]:
