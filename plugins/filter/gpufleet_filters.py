@@ -1,9 +1,16 @@
-"""Jinja2 filters shared by gpufleet's roles."""
+"""Jinja2 filters shared by gpufleet's roles and playbooks: gpufleet's only filter plugin.
+
+Thin glue over src/gpufleet, where the logic lives and is explained: each filter is a
+function of a gpufleet module under its filter name, or a short glue function below that
+makes Ansible's values plain first.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 try:
     import gpufleet  # noqa: F401 (installed, or the checkout's src/ below)
@@ -12,17 +19,25 @@ except ImportError:  # running from a checkout without `pip install -e .`
         0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "src")
     )
 from gpufleet import (
+    alert_for,
     alert_routes,
+    file_sync,
     firewall,
+    lifecycle,
     masking,
+    openpgp,
     preflight,
     query_limits,
+    render_escape,
+    rule_files,
     rule_labels,
     scrape_targets,
     server_ports,
+    slurm_idle,
     web,
 )
 from gpufleet.inventory import prometheus_port, prometheus_ports
+from gpufleet.shardlock import LockError
 from gpufleet.slurm_native import native_metrics_problem, parse_show_config
 from gpufleet_node.gpu_collector.slurm import valid_cgroup_root
 
@@ -48,6 +63,29 @@ gpufleet_control_names = preflight.control_names
 gpufleet_bounds_problems = preflight.bounds_problems
 gpufleet_masked_refusal = masking.masked_refusal
 gpufleet_bcrypt = web.bcrypt_hash
+gpufleet_web_client = web.web_client
+gpufleet_web_ca = web.web_ca
+gpufleet_scrape_clients = web.scrape_clients
+gpufleet_scrape_cas = web.scrape_cas
+gpufleet_prometheus_client = web.prometheus_client
+gpufleet_grafana_client = web.grafana_client
+gpufleet_alert_for = alert_for.set_durations
+gpufleet_alert_for_problems = alert_for.setting_problems
+gpufleet_slurm_idle_rules = slurm_idle.idle_rules
+gpufleet_openpgp_select = openpgp.select_key
+gpufleet_openpgp_fingerprints = openpgp.primary_fingerprints
+# Every value a template writes into a unit, environment or INI file goes through one of
+# these (gpufleet.render_escape explains each format's quoting).
+gpufleet_systemd_arg = render_escape.systemd_arg
+gpufleet_systemd_executable = render_escape.systemd_executable
+gpufleet_systemd_path = render_escape.systemd_path
+gpufleet_systemd_environment = render_escape.systemd_environment
+gpufleet_systemd_value = render_escape.systemd_specifiers
+gpufleet_env_value = render_escape.env_value
+gpufleet_env_words = render_escape.env_words
+gpufleet_ini_name = render_escape.ini_name
+gpufleet_ini_value = render_escape.ini_value
+gpufleet_ini_problems = render_escape.ini_problems
 
 
 # Glue: Ansible's values made plain, then src/gpufleet asks.
@@ -64,8 +102,34 @@ def gpufleet_slurmctld_metrics_problem(show_config: str, prometheus_has_token: b
     )
 
 
+# A node's removal (playbooks/remove_node.yml): gpufleet.lifecycle.
+def gpufleet_leaving_hosts(spec: object, groups: Mapping[str, Any]) -> dict[str, Any]:
+    """{hosts, problem}: the hosts gpufleet_remove_nodes names, or why not (one line)."""
+    return dict(lifecycle.leaving_hosts(spec, groups))
+
+
+def gpufleet_staying(hostnames: Iterable[str], hostvars: Mapping[str, Any]) -> list[str]:
+    """hostnames without the hosts marked gpufleet_leaving."""
+    return lifecycle.staying(hostnames, hostvars)
+
+
+def gpufleet_groups_staying(
+    groups: Mapping[str, Iterable[str]], hostvars: Mapping[str, Any]
+) -> dict[str, list[str]]:
+    """Every group without the hosts marked gpufleet_leaving."""
+    return lifecycle.groups_staying(groups, hostvars)
+
+
+def gpufleet_lock_without(text: str, file: str, hosts: Iterable[str]) -> dict[str, str]:
+    """{text, problem}: the shard lock's text without hosts, or why it cannot be read."""
+    try:
+        return {"text": lifecycle.lock_without(str(text), str(file), list(hosts)), "problem": ""}
+    except LockError as err:
+        return {"text": "", "problem": f"{file}: {err}"}
+
+
 class FilterModule:
-    def filters(self) -> dict:
+    def filters(self) -> dict[str, Any]:
         return {
             "gpufleet_bcrypt": gpufleet_bcrypt,
             "gpufleet_targets": gpufleet_targets,
@@ -98,4 +162,33 @@ class FilterModule:
             "gpufleet_rule_label_problems": rule_labels.name_problems,
             "gpufleet_alertmanager_severity_routes": alert_routes.severity_routes,
             "gpufleet_alertmanager_timing_problems": alert_routes.timing_problems,
+            "gpufleet_stale_sources": file_sync.stale_sources,
+            "gpufleet_stale_contents": file_sync.stale_contents,
+            "gpufleet_target_files": scrape_targets.target_files,
+            "gpufleet_rule_files": rule_files.rule_files,
+            "gpufleet_web_client": gpufleet_web_client,
+            "gpufleet_web_ca": gpufleet_web_ca,
+            "gpufleet_scrape_clients": gpufleet_scrape_clients,
+            "gpufleet_scrape_cas": gpufleet_scrape_cas,
+            "gpufleet_prometheus_client": gpufleet_prometheus_client,
+            "gpufleet_grafana_client": gpufleet_grafana_client,
+            "gpufleet_alert_for": gpufleet_alert_for,
+            "gpufleet_alert_for_problems": gpufleet_alert_for_problems,
+            "gpufleet_slurm_idle_rules": gpufleet_slurm_idle_rules,
+            "gpufleet_openpgp_select": gpufleet_openpgp_select,
+            "gpufleet_openpgp_fingerprints": gpufleet_openpgp_fingerprints,
+            "gpufleet_systemd_arg": gpufleet_systemd_arg,
+            "gpufleet_systemd_executable": gpufleet_systemd_executable,
+            "gpufleet_systemd_path": gpufleet_systemd_path,
+            "gpufleet_systemd_environment": gpufleet_systemd_environment,
+            "gpufleet_systemd_value": gpufleet_systemd_value,
+            "gpufleet_env_value": gpufleet_env_value,
+            "gpufleet_env_words": gpufleet_env_words,
+            "gpufleet_ini_name": gpufleet_ini_name,
+            "gpufleet_ini_value": gpufleet_ini_value,
+            "gpufleet_ini_problems": gpufleet_ini_problems,
+            "gpufleet_leaving_hosts": gpufleet_leaving_hosts,
+            "gpufleet_staying": gpufleet_staying,
+            "gpufleet_groups_staying": gpufleet_groups_staying,
+            "gpufleet_lock_without": gpufleet_lock_without,
         }

@@ -2,7 +2,7 @@
 
 The rule files stay static (promtool's tests in tests/rules test them as shipped); the
 prometheus role passes each one through :func:`set_durations` (filter gpufleet_alert_for,
-plugins/filter/gpufleet_alert_for.py) on its way to the host. The YAML parser finds each
+plugins/filter/gpufleet_filters.py) on its way to the host. The YAML parser finds each
 alert rule and its `for:` (or `expr:`) by position, and only that value is replaced (or a
 `for:` line inserted after the rule's `expr`): every other byte of the file, comments
 included, stays as shipped. :func:`setting_problems` (filter gpufleet_alert_for_problems)

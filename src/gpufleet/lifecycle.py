@@ -1,7 +1,7 @@
 """A node leaves the cluster: which hosts leave, who stays, and the shard lock without them.
 
 Pure: no Ansible imports, no I/O. ``playbooks/remove_node.yml`` calls these through the
-filters of plugins/filter/gpufleet_lifecycle.py:
+filters of plugins/filter/gpufleet_filters.py:
 
 - :func:`leaving_hosts` reads the admin's ``gpufleet_remove_nodes`` (a Slurm hostlist
   such as ``gpu[007-008]``, or a list of them) against the inventory, and refuses, in one

@@ -3,7 +3,7 @@
 Vendors publish their apt/yum key as an armored file that changes whenever they extend
 an expiry date or add a subkey, so a sha256 of the file breaks on every such edit. The
 fingerprint of the primary key does not change. :func:`select_key` (filter
-gpufleet_openpgp_select, plugins/filter/gpufleet_openpgp.py) keeps, out of a downloaded key
+gpufleet_openpgp_select, plugins/filter/gpufleet_filters.py) keeps, out of a downloaded key
 file, only the key whose fingerprint is pinned (with its user IDs, subkeys and
 signatures), and fails when that key is not there.
 

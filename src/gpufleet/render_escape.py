@@ -2,8 +2,8 @@
 
 Each function takes one value from the inventory and returns it written so that the
 program reading the file gets exactly that value back, or raises UnrepresentableValue
-when the format has no way to say it literally. The plugins/filter glue exposes them
-as gpufleet_systemd_* , gpufleet_env_* and gpufleet_ini_* filters.
+when the format has no way to say it literally. plugins/filter/gpufleet_filters.py exposes
+them as the gpufleet_systemd_*, gpufleet_env_* and gpufleet_ini_* filters.
 
 systemd (systemd.service(5) "Command lines", systemd.syntax(7), systemd.unit(5)
 "Specifiers"): a command line is split into words with C-style quoting and escapes

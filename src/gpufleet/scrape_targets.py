@@ -11,6 +11,7 @@ per-shard scrapes (:func:`node_shards`, :func:`slurm_params`).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, TypedDict
@@ -134,6 +135,18 @@ def registry_targets(
         )
         out[job] = metrics_paths(found, exporter.get("metrics_paths"))
     return out
+
+
+def target_files(targets_by_job: Mapping[str, Any], directory: str) -> dict[str, str]:
+    """{path: content} of an instance's file_sd files: ``<directory>/<job>.json`` for each
+    job, written as Ansible's ``to_nice_json(indent=2)`` writes it, with a final newline."""
+    return {
+        f"{directory}/{job}.json": json.dumps(
+            groups, indent=2, sort_keys=True, separators=(",", ": ")
+        )
+        + "\n"
+        for job, groups in targets_by_job.items()
+    }
 
 
 def shard_targets(

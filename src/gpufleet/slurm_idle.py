@@ -3,7 +3,7 @@
 The rules file stays a static file with the defaults (5 %, 30m), so promtool checks and
 tests it as shipped; the role substitutes the two parameters in the idle rules and the
 threshold's own recording rule only (:func:`idle_rules`, filter gpufleet_slurm_idle_rules of
-plugins/filter/gpufleet_slurm_idle.py). Each place must be found exactly once: a rule
+plugins/filter/gpufleet_filters.py). Each place must be found exactly once: a rule
 edited elsewhere fails the play, not silently keeps the default.
 """
 

@@ -6,9 +6,11 @@ configuration that roles/_common's web_config piece renders from `<service>_tls_
 global tier's federation, Prometheus sending alerts, Grafana's datasources, through the
 filter gpufleet_web_client) and ``gpufleet jobstats`` take their scheme, CA and login from
 the same variables of the servers' hosts, so they can never disagree with what the servers
-serve. The web configuration itself holds the users' passwords as :func:`bcrypt_hash`
-makes them (filter gpufleet_bcrypt), with a salt derived per host and user so a rerun
-renders the same file.
+serve. :func:`prometheus_client` and :func:`grafana_client` (filters
+gpufleet_prometheus_client and gpufleet_grafana_client) write a web_client the way a
+Prometheus scrape or alerting entry and a Grafana datasource want it. The web configuration
+itself holds the users' passwords as :func:`bcrypt_hash` makes them (filter
+gpufleet_bcrypt), with a salt derived per host and user so a rerun renders the same file.
 """
 
 from __future__ import annotations
@@ -158,3 +160,45 @@ def scrape_cas(
         job: web_ca(hosts, hostvars, role)
         for job, (hosts, role) in _scraped(registry, groups, hostvars).items()
     }
+
+
+def prometheus_client(
+    client: Mapping[str, str], ca_file: str, server_name: str = ""
+) -> dict[str, Any]:
+    """The scheme, tls_config and basic_auth of a Prometheus scrape or alerting entry.
+
+    client is a :func:`web_client`; ca_file is where the client's host keeps its "ca"
+    (filter gpufleet_prometheus_client).
+    """
+    settings: dict[str, Any] = {"scheme": client["scheme"]}
+    if client["scheme"] == "https":
+        tls_config = {"ca_file": ca_file}
+        if server_name:
+            tls_config["server_name"] = server_name
+        settings["tls_config"] = tls_config
+    if client["username"]:
+        settings["basic_auth"] = {"username": client["username"], "password": client["password"]}
+    return settings
+
+
+def grafana_client(client: Mapping[str, str]) -> dict[str, Any]:
+    """basicAuth, jsonData and secureJsonData of a Grafana datasource for client.
+
+    client is a :func:`web_client` (filter gpufleet_grafana_client). Grafana expands $VAR
+    in provisioning files: a literal $ in a secret is written $$.
+    """
+    settings: dict[str, Any] = {}
+    json_data: dict[str, Any] = {}
+    secure: dict[str, str] = {}
+    if client["scheme"] == "https":
+        json_data["tlsAuthWithCACert"] = True
+        secure["tlsCACert"] = client["ca"].replace("$", "$$")
+    if client["username"]:
+        settings["basicAuth"] = True
+        settings["basicAuthUser"] = client["username"]
+        secure["basicAuthPassword"] = client["password"].replace("$", "$$")
+    if json_data:
+        settings["jsonData"] = json_data
+    if secure:
+        settings["secureJsonData"] = secure
+    return settings

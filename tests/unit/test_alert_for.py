@@ -327,6 +327,23 @@ def test_the_setting_changes_when_the_alert_fires(
 # are what the role's lookups return: data, never a template (wrap_var, for 2.18).
 INSTANCE_TASKS = yaml.safe_load((ROLES / "prometheus" / "tasks" / "instance.yml").read_text())
 INSTALL = next(t for t in INSTANCE_TASKS if t["name"].startswith("Install the rule files"))
+
+
+def installed(values: dict) -> str:
+    """The rule file (values' item, with text _text) as the role's install task writes it."""
+    values = dict(values)
+    name, text = values.pop("item"), values.pop("_text")
+    instance = {"name": "standalone", "mode": "standalone", "shard": None, "replica": 0}
+    rules = template_value(
+        "prometheus",
+        INSTALL["vars"]["_rules"],
+        "mon01",
+        {**values, "_names": [name], "_texts": [text], "_instance": instance},
+    )
+    (only,) = rules.values()
+    return only
+
+
 PREFLIGHT = yaml.safe_load((ROLES / "prometheus" / "tasks" / "preflight.yml").read_text())
 CHECK = next(t for t in PREFLIGHT if t["name"] == "Check the alert durations set per alert name")
 
@@ -341,9 +358,7 @@ def test_the_role_installs_node_down_with_the_sites_duration() -> None:
         "_text": wrap_var(text),
         "item": path.name,
     }
-    rendered = template_value(
-        "prometheus", INSTALL["ansible.builtin.copy"]["content"], "mon01", values
-    )
+    rendered = installed(values)
     line = text.splitlines().index("        for: 3m")  # NodeDown's, the file's only 3m
     assert _changes(text, rendered) == [("replace", line, line + 1, ["        for: 30s\n"])]
     node_down = next(rule for rule in _alerts_of(rendered) if rule["alert"] == "NodeDown")
@@ -358,9 +373,7 @@ def test_the_role_installs_the_slurm_file_with_both_settings() -> None:
         "_text": wrap_var(path.read_text()),
         "item": path.name,
     }
-    rendered = template_value(
-        "prometheus", INSTALL["ansible.builtin.copy"]["content"], "mon01", values
-    )
+    rendered = installed(values)
     alerts = {rule["alert"]: rule for rule in _alerts_of(rendered)}
     assert alerts["SlurmNodeDown"]["for"] == "20s"
     assert alerts["SlurmJobGpuIdle"]["for"] == "10m"
@@ -444,12 +457,16 @@ def played(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         "name": INSTALL["name"].replace(" of {{ _instance.name }}", ""),
         "ansible.builtin.copy": {
             **INSTALL["ansible.builtin.copy"],
-            "dest": f"{out}/{{{{ inventory_hostname }}}}/{{{{ item }}}}",
+            "dest": f"{out}/{{{{ inventory_hostname }}}}/{{{{ item | basename }}}}",
             "mode": "0644",
             "validate": "/usr/bin/promtool check rules %s",
         },
-        "loop": "{{ _prometheus_rule_files.values() | flatten | unique | list }}",
-        "vars": INSTALL["vars"],
+        "loop": "{{ _rules.keys() | list }}",
+        "vars": {
+            **INSTALL["vars"],
+            "_names": "{{ _prometheus_rule_files.values() | flatten | unique | list }}",
+            "_instance": {"name": "standalone", "mode": "standalone"},
+        },
     }
     for key in ("owner", "group"):
         install["ansible.builtin.copy"].pop(key)

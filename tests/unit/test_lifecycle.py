@@ -21,7 +21,7 @@ from gpufleet.shardlock import LockError, format_lock, parse_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "plugins" / "filter"))
-import gpufleet_lifecycle  # noqa: E402
+import gpufleet_filters  # noqa: E402
 
 GROUPS: dict[str, list[str]] = {
     "all": ["gpu001", "gpu002", "gpu003", "gpu010", "mon01", "login01"],
@@ -127,7 +127,7 @@ def test_staying_and_groups_staying_drop_the_marked_hosts_only() -> None:
     assert staying["prometheus_shard_0"] == GROUPS["prometheus_shard_0"]
     assert lifecycle.groups_staying(GROUPS, HOSTVARS) == GROUPS
     # The filters are the same functions.
-    assert gpufleet_lifecycle.gpufleet_groups_staying(GROUPS, hostvars) == staying
+    assert gpufleet_filters.gpufleet_groups_staying(GROUPS, hostvars) == staying
 
 
 def without(name: str) -> tuple[dict[str, list[str]], dict[str, dict[str, Any]]]:
@@ -171,7 +171,7 @@ def test_firewall_sources_of_a_marked_host_are_those_after_its_removal() -> None
 
 
 def test_the_slurm_node_map_of_a_marked_host_is_that_after_its_removal() -> None:
-    staying = gpufleet_lifecycle.gpufleet_groups_staying(GROUPS, marked("gpu002"))
+    staying = gpufleet_filters.gpufleet_groups_staying(GROUPS, marked("gpu002"))
     groups, _ = without("gpu002")
     assert node_shards(staying) == node_shards(groups)
 
@@ -191,7 +191,7 @@ def test_the_lock_loses_the_leaving_hosts_and_keeps_the_rest() -> None:
 def test_a_malformed_lock_is_refused_by_the_filter_in_one_line() -> None:
     with pytest.raises(LockError):
         lifecycle.lock_without("version: 2\n", "x.lock", ["gpu001"])
-    found = gpufleet_lifecycle.gpufleet_lock_without("version: 2\n", "/srv/x.lock", ["gpu001"])
+    found = gpufleet_filters.gpufleet_lock_without("version: 2\n", "/srv/x.lock", ["gpu001"])
     assert found["text"] == ""
     assert found["problem"].startswith("/srv/x.lock: ")
     assert "\n" not in found["problem"]

@@ -408,6 +408,23 @@ def test_the_node_list_refuses_a_label_the_rules_use(name: str) -> None:
 
 INSTANCE_TASKS = yaml.safe_load((ROLES / "prometheus" / "tasks" / "instance.yml").read_text())
 INSTALL = next(t for t in INSTANCE_TASKS if t["name"].startswith("Install the rule files"))
+
+
+def installed(values: dict) -> str:
+    """The rule file (values' item, with text _text) as the role's install task writes it."""
+    values = dict(values)
+    name, text = values.pop("item"), values.pop("_text")
+    instance = {"name": "standalone", "mode": "standalone", "shard": None, "replica": 0}
+    rules = template_value(
+        "prometheus",
+        INSTALL["vars"]["_rules"],
+        "mon01",
+        {**values, "_names": [name], "_texts": [text], "_instance": instance},
+    )
+    (only,) = rules.values()
+    return only
+
+
 PREFLIGHT = yaml.safe_load((ROLES / "prometheus" / "tasks" / "preflight.yml").read_text())
 CHECK = next(t for t in PREFLIGHT if t["name"] == "Check the custom node label names")
 
@@ -425,12 +442,9 @@ def test_the_role_reads_the_inventory_names() -> None:
 def test_the_role_installs_the_rendered_rules(path: Path) -> None:
     text = path.read_text()
     values = {"_text": wrap_var(text), "item": path.name}
-    content = INSTALL["ansible.builtin.copy"]["content"]
-    rendered = template_value("prometheus", content, "mon01", values)
+    rendered = installed(values)
     assert rendered == rule_labels.with_node_labels(text, ["hall", "site"], path.name)
-    shipped = template_value(
-        "prometheus", content, "mon01", {**values, "prometheus_node_labels": []}
-    )
+    shipped = installed({**values, "prometheus_node_labels": []})
     assert shipped == text
 
 
@@ -441,9 +455,7 @@ def test_the_role_installs_node_down_with_the_labels() -> None:
         "item": path.name,
         "prometheus_node_labels": NAMES,
     }
-    rendered = template_value(
-        "prometheus", INSTALL["ansible.builtin.copy"]["content"], "mon01", values
-    )
+    rendered = installed(values)
     rules = {r.get("alert"): r for g in yaml.safe_load(rendered)["groups"] for r in g["rules"]}
     assert (
         'max by (cluster, rack, node, site, hall) (up{node!=""}) == 0' in rules["NodeDown"]["expr"]

@@ -23,7 +23,7 @@ from render_role import ROOT, evaluate, example_inventory, render, render_web_co
 filter_loader.add_directory(str(ROOT / "plugins" / "filter"))
 sys.path.insert(0, str(ROOT / "plugins" / "filter"))
 
-from gpufleet_web import gpufleet_web_ca, gpufleet_web_client  # noqa: E402
+from gpufleet_filters import gpufleet_web_ca, gpufleet_web_client  # noqa: E402
 from test_common_web_config import accepted  # noqa: E402
 
 PROMTOOL = shutil.which("promtool")
