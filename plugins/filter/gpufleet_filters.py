@@ -164,6 +164,7 @@ class FilterModule:
             "gpufleet_alertmanager_timing_problems": alert_routes.timing_problems,
             "gpufleet_stale_sources": file_sync.stale_sources,
             "gpufleet_stale_contents": file_sync.stale_contents,
+            "gpufleet_stale_directories": file_sync.stale_directories,
             "gpufleet_target_files": scrape_targets.target_files,
             "gpufleet_rule_files": rule_files.rule_files,
             "gpufleet_web_client": gpufleet_web_client,

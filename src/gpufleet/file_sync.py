@@ -6,7 +6,9 @@ for the whole directory; :func:`stale_sources` (filter gpufleet_stale_sources) n
 files whose copy there is missing or differs in content, mode, owner or group, and only
 those go through ``copy``, which still writes and reports them as before;
 :func:`stale_contents` (filter gpufleet_stale_contents) does the same for files written
-from content (``copy: content:``), keyed by their destination path.
+from content (``copy: content:``), keyed by their destination path, and
+:func:`stale_directories` (filter gpufleet_stale_directories) for a loop of directories,
+from one ``stat`` of them all (:data:`STAT_FORMAT`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import hashlib
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+# What the directory look prints per path: ``stat --printf STAT_FORMAT -- PATH...``.
+STAT_FORMAT = "%n\t%F\t%a\t%U\t%G\n"
 
 
 def sha1_of(path: str) -> str:
@@ -83,3 +88,29 @@ def stale_contents(
             group,
         )
     ]
+
+
+def stale_directories(
+    wanted: Iterable[Mapping[str, Any]], stat_lines: Iterable[str]
+) -> list[Mapping[str, Any]]:
+    """The entries of ``wanted`` ({path, mode, owner, group}; an owner or group that is
+    missing or None is not compared) that ``stat`` (:data:`STAT_FORMAT`) did not report as
+    a directory with that mode, owner and group: the ``file`` task makes or fixes those,
+    and fails on a path that is something else."""
+    seen: dict[str, tuple[str, str, str, str]] = {}
+    for line in stat_lines:
+        parts = str(line).split("\t")
+        if len(parts) == 5:
+            seen[parts[0]] = (parts[1], parts[2], parts[3], parts[4])
+    stale = []
+    for entry in wanted:
+        found = seen.get(str(entry["path"]))
+        if (
+            found is None
+            or found[0] != "directory"
+            or found[1].lstrip("0") != str(entry["mode"]).lstrip("0")
+            or entry.get("owner") not in (None, found[2])
+            or entry.get("group") not in (None, found[3])
+        ):
+            stale.append(entry)
+    return stale

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import grp
 import hashlib
+import os
+import pwd
+import subprocess
 from pathlib import Path
 
-from gpufleet.file_sync import sha1_of, stale_contents, stale_sources
+from gpufleet.file_sync import (
+    STAT_FORMAT,
+    sha1_of,
+    stale_contents,
+    stale_directories,
+    stale_sources,
+)
 
 DEST = "/var/lib/grafana/dashboards/gpufleet"
 
@@ -82,3 +92,40 @@ def test_content_is_stale_unless_its_copy_matches_byte_for_byte() -> None:
     umlaut = "Grüße\n"
     entry["checksum"] = hashlib.sha1(umlaut.encode()).hexdigest()
     assert stale_contents({path: umlaut}, [entry], "0640", "root", "prometheus") == []
+
+
+def stat_of(*paths: Path) -> list[str]:
+    """What the roles' directory look prints for paths, from the real stat."""
+    result = subprocess.run(
+        ["stat", "--printf", STAT_FORMAT, "--", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return result.stdout.splitlines()
+
+
+def test_a_directory_is_stale_unless_stat_shows_it_as_wanted(tmp_path: Path) -> None:
+    user = pwd.getpwuid(os.getuid()).pw_name
+    group = grp.getgrgid(os.getgid()).gr_name
+    good, loose, plain = tmp_path / "good", tmp_path / "loose", tmp_path / "file"
+    good.mkdir(mode=0o750)
+    good.chmod(0o750)
+    loose.mkdir()
+    loose.chmod(0o777)
+    plain.write_text("")
+    plain.chmod(0o750)
+    missing = tmp_path / "missing"
+    wanted = [
+        {"path": str(path), "mode": "0750", "owner": user, "group": group}
+        for path in (good, loose, plain, missing)
+    ]
+    lines = stat_of(good, loose, plain, missing)
+    assert len(lines) == 3  # stat says nothing of the missing path on stdout
+    stale = stale_directories(wanted, lines)
+    assert [entry["path"] for entry in stale] == [str(loose), str(plain), str(missing)]
+    # Another owner is stale; an owner left out (check mode, no user yet) is not compared.
+    other = {"path": str(good), "mode": "0750", "owner": "nobody-else", "group": group}
+    assert stale_directories([other], lines) == [other]
+    unowned = {"path": str(good), "mode": "750", "owner": None}
+    assert stale_directories([unowned], lines) == []
