@@ -407,8 +407,10 @@ def test_switching_the_log_off_removes_the_rotation():
 
 
 def test_the_instance_gets_its_log_directory_owned_by_prometheus():
-    (task,) = [t for t in tasks("instance.yml") if t["name"].startswith("Create the directories")]
-    loop = task["ansible.builtin.file"] and task["loop"]
+    (block,) = [t for t in tasks("instance.yml") if t["name"].startswith("The directories")]
+    (task,) = [t for t in block["block"] if t["name"].startswith("Create the directories")]
+    assert task["ansible.builtin.file"]["owner"] == "{{ item.owner }}"
+    loop = block["vars"]["_dirs"]
     assert {
         "path": "{{ prometheus_log_dir }}/{{ _instance.name }}",
         "owner": "{{ prometheus_system_user }}",
