@@ -159,3 +159,21 @@ def render_web_config(role: str, host: str, overrides: dict | None = None, inven
         trust_as_template(TEXT_GUARD + source)
     )
     return text[len(TEXT_GUARD) :]
+
+
+def installed_rule_file(values: dict) -> str:
+    """A shipped rule file (values' ``item``, its text ``_text``) as the prometheus role's
+    install task writes it, the other values overriding the role's."""
+    tasks = DataLoader().load_from_file(str(ROLES / "prometheus" / "tasks" / "instance.yml"))
+    install = next(t for t in tasks if t["name"].startswith("Install the rule files"))
+    values = dict(values)
+    name, text = values.pop("item"), values.pop("_text")
+    instance = {"name": "standalone", "mode": "standalone", "shard": None, "replica": 0}
+    rules = template_value(
+        "prometheus",
+        install["vars"]["_rules"],
+        "mon01",
+        {**values, "_names": [name], "_texts": [text], "_instance": instance},
+    )
+    (only,) = rules.values()
+    return only

@@ -22,7 +22,14 @@ from pathlib import Path
 import pytest
 import yaml
 from ansible.utils.unsafe_proxy import wrap_var
-from render_role import ROLES, evaluate, render, template_value, trust_as_template
+from render_role import (
+    ROLES,
+    evaluate,
+    installed_rule_file,
+    render,
+    template_value,
+    trust_as_template,
+)
 from test_rules import promtool  # noqa: F401  (the two-major promtool fixture)
 
 from gpufleet import alert_for
@@ -329,21 +336,6 @@ INSTANCE_TASKS = yaml.safe_load((ROLES / "prometheus" / "tasks" / "instance.yml"
 INSTALL = next(t for t in INSTANCE_TASKS if t["name"].startswith("Install the rule files"))
 
 
-def installed(values: dict) -> str:
-    """The rule file (values' item, with text _text) as the role's install task writes it."""
-    values = dict(values)
-    name, text = values.pop("item"), values.pop("_text")
-    instance = {"name": "standalone", "mode": "standalone", "shard": None, "replica": 0}
-    rules = template_value(
-        "prometheus",
-        INSTALL["vars"]["_rules"],
-        "mon01",
-        {**values, "_names": [name], "_texts": [text], "_instance": instance},
-    )
-    (only,) = rules.values()
-    return only
-
-
 PREFLIGHT = yaml.safe_load((ROLES / "prometheus" / "tasks" / "preflight.yml").read_text())
 CHECK = next(t for t in PREFLIGHT if t["name"] == "Check the alert durations set per alert name")
 
@@ -358,7 +350,7 @@ def test_the_role_installs_node_down_with_the_sites_duration() -> None:
         "_text": wrap_var(text),
         "item": path.name,
     }
-    rendered = installed(values)
+    rendered = installed_rule_file(values)
     line = text.splitlines().index("        for: 3m")  # NodeDown's, the file's only 3m
     assert _changes(text, rendered) == [("replace", line, line + 1, ["        for: 30s\n"])]
     node_down = next(rule for rule in _alerts_of(rendered) if rule["alert"] == "NodeDown")
@@ -373,7 +365,7 @@ def test_the_role_installs_the_slurm_file_with_both_settings() -> None:
         "_text": wrap_var(path.read_text()),
         "item": path.name,
     }
-    rendered = installed(values)
+    rendered = installed_rule_file(values)
     alerts = {rule["alert"]: rule for rule in _alerts_of(rendered)}
     assert alerts["SlurmNodeDown"]["for"] == "20s"
     assert alerts["SlurmJobGpuIdle"]["for"] == "10m"

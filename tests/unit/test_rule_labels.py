@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 from ansible.utils.unsafe_proxy import wrap_var
-from render_role import ROLES, evaluate, template_value
+from render_role import ROLES, evaluate, installed_rule_file, template_value
 from test_rules import promtool  # noqa: F401  (the two-major promtool fixture)
 
 from gpufleet import rule_labels
@@ -406,24 +406,6 @@ def test_the_node_list_refuses_a_label_the_rules_use(name: str) -> None:
 
 # --- the role --------------------------------------------------------------------------
 
-INSTANCE_TASKS = yaml.safe_load((ROLES / "prometheus" / "tasks" / "instance.yml").read_text())
-INSTALL = next(t for t in INSTANCE_TASKS if t["name"].startswith("Install the rule files"))
-
-
-def installed(values: dict) -> str:
-    """The rule file (values' item, with text _text) as the role's install task writes it."""
-    values = dict(values)
-    name, text = values.pop("item"), values.pop("_text")
-    instance = {"name": "standalone", "mode": "standalone", "shard": None, "replica": 0}
-    rules = template_value(
-        "prometheus",
-        INSTALL["vars"]["_rules"],
-        "mon01",
-        {**values, "_names": [name], "_texts": [text], "_instance": instance},
-    )
-    (only,) = rules.values()
-    return only
-
 
 PREFLIGHT = yaml.safe_load((ROLES / "prometheus" / "tasks" / "preflight.yml").read_text())
 CHECK = next(t for t in PREFLIGHT if t["name"] == "Check the custom node label names")
@@ -442,9 +424,9 @@ def test_the_role_reads_the_inventory_names() -> None:
 def test_the_role_installs_the_rendered_rules(path: Path) -> None:
     text = path.read_text()
     values = {"_text": wrap_var(text), "item": path.name}
-    rendered = installed(values)
+    rendered = installed_rule_file(values)
     assert rendered == rule_labels.with_node_labels(text, ["hall", "site"], path.name)
-    shipped = installed({**values, "prometheus_node_labels": []})
+    shipped = installed_rule_file({**values, "prometheus_node_labels": []})
     assert shipped == text
 
 
@@ -455,7 +437,7 @@ def test_the_role_installs_node_down_with_the_labels() -> None:
         "item": path.name,
         "prometheus_node_labels": NAMES,
     }
-    rendered = installed(values)
+    rendered = installed_rule_file(values)
     rules = {r.get("alert"): r for g in yaml.safe_load(rendered)["groups"] for r in g["rules"]}
     assert (
         'max by (cluster, rack, node, site, hall) (up{node!=""}) == 0' in rules["NodeDown"]["expr"]
